@@ -1,0 +1,9 @@
+// Package mountgroup turns a chain of layers kept under one shared parent
+// directory into the single mount a container rootfs needs, and checks that
+// the kernel will take that mount as the shim will issue it.
+//
+// Every layer of grouped-snapshotter lives directly under one parent
+// directory with a short name, so a chain of up to 500 layers fits the one
+// page of mount data the kernel accepts once containerd's shim rewrites the
+// lowerdirs relative to their common parent.
+package mountgroup

@@ -1,0 +1,619 @@
+// Package snapshot implements grouped-snapshotter's snapshots.Snapshotter:
+// overlayfs snapshots whose layers all live directly under one shared parent
+// directory, so that a container needs one mount whatever its layer count.
+//
+// On-disk layout under the root (0700):
+//
+//	metadata.db  containerd's snapshot MetaStore (bbolt)
+//	l/<name>     every snapshot's files: committed layers and active uppers
+//	w/<name>     overlay work directories of active snapshots
+//	t/           temporary directories of snapshots being created
+//
+// <name> is the snapshot's MetaStore ID in base 36, so names stay short
+// enough that the lowerdirs of a 500-layer chain fit one page once
+// containerd's shim makes them relative to l/.
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/continuity/fs"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+)
+
+const (
+	layersDir = "l"
+	workDir   = "work"
+	worksDir  = "w"
+	tempDir   = "t"
+	dbFile    = "metadata.db"
+
+	// maxKeyLen bounds snapshot keys; containerd's own keys
+	// ("<namespace>/<n>/<digest>") are well under 200 bytes.
+	maxKeyLen = 4096
+)
+
+// IDMapMode says who idmaps the layers of a remapped snapshot.
+type IDMapMode string
+
+const (
+	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
+	// idmap the layers at every mount, as the built-in overlayfs does.
+	IDMapShim IDMapMode = "shim"
+)
+
+// Config configures a Snapshotter.
+type Config struct {
+	// IDMap selects who idmaps remapped snapshots.
+	IDMap IDMapMode
+	// MountOptions are added to every overlay mount's data.
+	MountOptions []string
+}
+
+// Snapshotter is grouped-snapshotter's snapshots.Snapshotter.
+type Snapshotter struct {
+	root    string
+	ms      *storage.MetaStore
+	idmap   IDMapMode
+	options []string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ snapshots.Snapshotter = (*Snapshotter)(nil)
+
+// New opens (creating if needed) a snapshotter rooted at root.
+func New(root string, cfg Config) (*Snapshotter, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("snapshotter root %q must be an absolute path: %w", root, errdefs.ErrInvalidArgument)
+	}
+	root = filepath.Clean(root)
+	if strings.ContainsAny(root, ",:\x00\n") {
+		return nil, fmt.Errorf("snapshotter root %q cannot appear in overlay mount options (no ',' ':' NUL or newline): %w", root, errdefs.ErrInvalidArgument)
+	}
+	switch cfg.IDMap {
+	case "":
+		cfg.IDMap = IDMapShim
+	case IDMapShim:
+	default:
+		return nil, fmt.Errorf("idmap mode %q is not one of %q: %w", cfg.IDMap, IDMapShim, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("create root %q: %w", root, err)
+	}
+	// Layers are readable by the IDs their files carry; root's mode is what
+	// keeps host users out, so tighten an existing root too.
+	if err := os.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("restrict root %q to 0700: %w", root, err)
+	}
+	supportsDType, err := fs.SupportsDType(root)
+	if err != nil {
+		return nil, fmt.Errorf("probe d_type support of %q: %w", root, err)
+	}
+	if !supportsDType {
+		return nil, fmt.Errorf("filesystem of %q lacks d_type, which overlayfs needs (an xfs formatted without ftype=1?): %w", root, errdefs.ErrFailedPrecondition)
+	}
+	for _, dir := range []string{layersDir, worksDir, tempDir} {
+		if err := os.Mkdir(filepath.Join(root, dir), 0o700); err != nil && !os.IsExist(err) {
+			return nil, fmt.Errorf("create %q: %w", filepath.Join(root, dir), err)
+		}
+	}
+	// The layer parent must be traversable by the mapped root of every user
+	// namespace (it reaches its upper through it); root itself stays 0700.
+	if err := os.Chmod(filepath.Join(root, layersDir), 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
+		return nil, err
+	}
+	ms, err := storage.NewMetaStore(filepath.Join(root, dbFile))
+	if err != nil {
+		return nil, fmt.Errorf("open metadata %q: %w", filepath.Join(root, dbFile), err)
+	}
+	options := append([]string{}, cfg.MountOptions...)
+	if !hasOption(options, "index") && supportsIndex() {
+		options = append(options, "index=off")
+	}
+	return &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options}, nil
+}
+
+// Root returns the snapshotter's root directory.
+func (s *Snapshotter) Root() string { return s.root }
+
+// LayersDir returns the shared parent directory of every layer.
+func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
+
+func hasOption(options []string, key string) bool {
+	for _, o := range options {
+		if k, _, _ := strings.Cut(o, "="); k == key {
+			return true
+		}
+	}
+	return false
+}
+
+func supportsIndex() bool {
+	_, err := os.Stat("/sys/module/overlay/parameters/index")
+	return err == nil
+}
+
+// dirName turns a MetaStore ID (decimal) into the short on-disk name.
+func dirName(id string) (string, error) {
+	n, err := strconv.ParseUint(id, 10, 64)
+	if err != nil {
+		return "", fmt.Errorf("snapshot id %q is not a number: %w", id, errdefs.ErrUnknown)
+	}
+	return strconv.FormatUint(n, 36), nil
+}
+
+// idOfDirName is the inverse of dirName; ok is false for foreign names.
+func idOfDirName(name string) (string, bool) {
+	n, err := strconv.ParseUint(name, 36, 64)
+	if err != nil || strconv.FormatUint(n, 36) != name {
+		return "", false
+	}
+	return strconv.FormatUint(n, 10), true
+}
+
+func (s *Snapshotter) layerPath(id string) (string, error) {
+	name, err := dirName(id)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.root, layersDir, name), nil
+}
+
+func (s *Snapshotter) workPath(id string) (string, error) {
+	name, err := dirName(id)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.root, worksDir, name), nil
+}
+
+func checkKey(what, key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%s is empty: %w", what, errdefs.ErrInvalidArgument)
+	case len(key) > maxKeyLen:
+		return fmt.Errorf("%s of %d bytes is longer than %d: %w", what, len(key), maxKeyLen, errdefs.ErrInvalidArgument)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%s %q contains a NUL byte: %w", what, key, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Stat returns the info of an active or committed snapshot.
+func (s *Snapshotter) Stat(ctx context.Context, key string) (info snapshots.Info, err error) {
+	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		_, info, _, err = storage.GetInfo(ctx, key)
+		return err
+	})
+	if err != nil {
+		return snapshots.Info{}, fmt.Errorf("stat %q: %w", key, err)
+	}
+	return info, nil
+}
+
+// Update updates the labels of a snapshot. The user-namespace labels are
+// fixed at creation: they decide the owner of the snapshot's files.
+func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
+	var updated snapshots.Info
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		_, old, _, err := storage.GetInfo(ctx, info.Name)
+		if err != nil {
+			return err
+		}
+		updated, err = storage.UpdateInfo(ctx, info, fieldpaths...)
+		if err != nil {
+			return err
+		}
+		for _, label := range []string{idmap.UIDLabel, idmap.GIDLabel} {
+			if old.Labels[label] != updated.Labels[label] {
+				return fmt.Errorf("label %q cannot change after the snapshot is created: %w", label, errdefs.ErrInvalidArgument)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return snapshots.Info{}, fmt.Errorf("update %q: %w", info.Name, err)
+	}
+	return updated, nil
+}
+
+// Usage returns the disk usage of a snapshot: measured for an active one,
+// recorded at commit for a committed one.
+func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
+	var (
+		id    string
+		info  snapshots.Info
+		usage snapshots.Usage
+	)
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
+		id, info, usage, err = storage.GetInfo(ctx, key)
+		return err
+	})
+	if err != nil {
+		return snapshots.Usage{}, fmt.Errorf("usage of %q: %w", key, err)
+	}
+	if info.Kind == snapshots.KindActive {
+		dir, err := s.layerPath(id)
+		if err != nil {
+			return snapshots.Usage{}, err
+		}
+		du, err := fs.DiskUsage(ctx, dir)
+		if err != nil {
+			return snapshots.Usage{}, fmt.Errorf("usage of %q: %w", key, err)
+		}
+		usage = snapshots.Usage(du)
+	}
+	return usage, nil
+}
+
+// Prepare creates an active snapshot on top of parent and returns its mount.
+func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	m, err := s.create(ctx, snapshots.KindActive, key, parent, opts)
+	if err != nil {
+		return nil, fmt.Errorf("prepare %q: %w", key, err)
+	}
+	return m, nil
+}
+
+// View creates a read-only snapshot of parent and returns its mount.
+func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	m, err := s.create(ctx, snapshots.KindView, key, parent, opts)
+	if err != nil {
+		return nil, fmt.Errorf("view %q: %w", key, err)
+	}
+	return m, nil
+}
+
+// Mounts returns the mount of an active or view snapshot.
+func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
+	var (
+		snap storage.Snapshot
+		info snapshots.Info
+	)
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
+		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
+			return err
+		}
+		_, info, _, err = storage.GetInfo(ctx, key)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+	}
+	mapping, err := idmap.FromLabels(info.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+	}
+	m, err := s.mounts(snap, mapping)
+	if err != nil {
+		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+	}
+	return m, nil
+}
+
+// Commit turns an active snapshot into a committed one named name. A
+// snapshots.WithParent option rebases it onto that parent.
+func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
+	if err := checkKey("snapshot name", name); err != nil {
+		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		id, info, _, err := storage.GetInfo(ctx, key)
+		if err != nil {
+			return err
+		}
+		if info.Kind != snapshots.KindActive {
+			return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+		}
+		dir, err := s.layerPath(id)
+		if err != nil {
+			return err
+		}
+		du, err := fs.DiskUsage(ctx, dir)
+		if err != nil {
+			return fmt.Errorf("measure %q: %w", dir, err)
+		}
+		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	return nil
+}
+
+// Remove deletes a snapshot. Its metadata goes first, in one transaction,
+// and its directories after: a crash in between leaves only orphaned
+// directories, which Cleanup removes, never metadata without files.
+func (s *Snapshotter) Remove(ctx context.Context, key string) error {
+	var id string
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
+		id, _, err = storage.Remove(ctx, key)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
+		path, err := dir(id)
+		if err != nil {
+			return err
+		}
+		if err := os.RemoveAll(path); err != nil {
+			// The snapshot is gone; Cleanup will retry the directory.
+			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
+		}
+	}
+	return nil
+}
+
+// Walk calls fn for every snapshot matching the filters.
+func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters ...string) error {
+	return s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		return storage.WalkInfo(ctx, fn, filters...)
+	})
+}
+
+// Close closes the metadata store. It is safe to call more than once.
+func (s *Snapshotter) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.ms.Close() })
+	return s.closeErr
+}
+
+func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
+	if err := checkKey("key", key); err != nil {
+		return nil, err
+	}
+	if parent != "" {
+		if err := checkKey("parent", parent); err != nil {
+			return nil, err
+		}
+	}
+	// Validate the labels before anything is written.
+	var requested snapshots.Info
+	for _, opt := range opts {
+		if err := opt(&requested); err != nil {
+			return nil, err
+		}
+	}
+	mapping, err := idmap.FromLabels(requested.Labels)
+	if err != nil {
+		return nil, err
+	}
+
+	var (
+		made   []string // directories to remove if the transaction fails
+		result []mount.Mount
+	)
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		for _, dir := range made {
+			if err := os.RemoveAll(dir); err != nil {
+				log.G(ctx).WithError(err).WithField("path", dir).Error("failed to remove directory of a failed snapshot creation")
+			}
+		}
+	}()
+	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
+		if err != nil {
+			return err
+		}
+		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
+			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
+		}
+		// A view of layers needs no directory of its own; a view of nothing
+		// binds an empty one, as containerd's overlayfs does.
+		if kind == snapshots.KindActive || len(snap.ParentIDs) == 0 {
+			made, err = s.makeDirs(ctx, snap, mapping, kind == snapshots.KindActive)
+			if err != nil {
+				return err
+			}
+		}
+		// Build and check the mount now, so a chain the kernel cannot mount
+		// fails here rather than at container start.
+		result, err = s.mounts(snap, mapping)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return result, nil
+}
+
+// makeDirs creates an active snapshot's upper and work directories in a
+// temporary directory and renames them into place, so a crash never leaves
+// a half-made directory under l/ that metadata points at.
+func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mapping *idmap.Mapping, withWork bool) ([]string, error) {
+	layer, err := s.layerPath(snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	work, err := s.workPath(snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	td, err := os.MkdirTemp(filepath.Join(s.root, tempDir), "new-")
+	if err != nil {
+		return nil, fmt.Errorf("create temporary directory: %w", err)
+	}
+	defer os.RemoveAll(td)
+	upperTmp, workTmp := filepath.Join(td, "fs"), filepath.Join(td, workDir)
+	if err := os.Mkdir(upperTmp, 0o755); err != nil {
+		return nil, err
+	}
+	moves := [][2]string{{upperTmp, layer}}
+	if withWork {
+		if err := os.Mkdir(workTmp, 0o711); err != nil {
+			return nil, err
+		}
+		moves = append(moves, [2]string{workTmp, work})
+	}
+	uid, gid := -1, -1
+	switch {
+	case mapping != nil:
+		u, g := mapping.Root()
+		uid, gid = int(u), int(g)
+	case len(snap.ParentIDs) > 0:
+		// An upper on top of a layer keeps that layer's root owner, as
+		// containerd's overlayfs does.
+		parentDir, err := s.layerPath(snap.ParentIDs[0])
+		if err != nil {
+			return nil, err
+		}
+		st, err := os.Stat(parentDir)
+		if err != nil {
+			return nil, fmt.Errorf("stat parent layer %q: %w", parentDir, err)
+		}
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			uid, gid = int(sys.Uid), int(sys.Gid)
+		}
+	}
+	if uid != -1 {
+		if err := os.Lchown(upperTmp, uid, gid); err != nil {
+			return nil, fmt.Errorf("chown upper to %d:%d: %w", uid, gid, err)
+		}
+	}
+	// The ID was just allocated in this transaction; a directory already
+	// there is the leftover of a creation that crashed before its commit.
+	var made []string
+	for _, mv := range moves {
+		if err := os.RemoveAll(mv[1]); err != nil {
+			return made, fmt.Errorf("remove stale %q: %w", mv[1], err)
+		}
+		if err := os.Rename(mv[0], mv[1]); err != nil {
+			return made, fmt.Errorf("move new snapshot directory into place: %w", err)
+		}
+		made = append(made, mv[1])
+	}
+	return made, nil
+}
+
+// mounts builds the one mount of a snapshot: a bind for a snapshot without
+// parents (and a view of a single layer), otherwise one overlay.
+func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping) ([]mount.Mount, error) {
+	var flags []string
+	if mapping != nil && s.idmap == IDMapShim {
+		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
+	}
+	lowers := make([]string, len(snap.ParentIDs))
+	for i, id := range snap.ParentIDs {
+		p, err := s.layerPath(id)
+		if err != nil {
+			return nil, err
+		}
+		lowers[i] = p
+	}
+
+	if snap.Kind == snapshots.KindView {
+		switch len(lowers) {
+		case 0:
+			dir, err := s.layerPath(snap.ID)
+			if err != nil {
+				return nil, err
+			}
+			m, err := mountgroup.Bind(dir, true)
+			return []mount.Mount{m}, err
+		case 1:
+			m, err := mountgroup.Bind(lowers[0], true, flags...)
+			return []mount.Mount{m}, err
+		}
+		m, err := mountgroup.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
+		return []mount.Mount{m}, err
+	}
+
+	upper, err := s.layerPath(snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	if len(lowers) == 0 {
+		// Nothing to idmap: the upper already belongs to the mapped root.
+		m, err := mountgroup.Bind(upper, false)
+		return []mount.Mount{m}, err
+	}
+	work, err := s.workPath(snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	m, err := mountgroup.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
+	return []mount.Mount{m}, err
+}
+
+// Cleanup removes directories that no snapshot owns: leftovers of crashed
+// creations and removals.
+func (s *Snapshotter) Cleanup(ctx context.Context) error {
+	orphans, err := s.Orphans(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, dir := range orphans {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove orphan %q: %w", dir, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("cleanup: %w", errors.Join(errs...))
+	}
+	if len(orphans) > 0 {
+		log.G(ctx).WithField("count", len(orphans)).Info("removed orphaned snapshot directories")
+	}
+	return nil
+}
+
+// Orphans lists the directories Cleanup would remove.
+func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
+	var orphans []string
+	// A write transaction keeps creations and removals out while scanning.
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil {
+			return err
+		}
+		for _, dir := range []string{layersDir, worksDir, tempDir} {
+			parent := filepath.Join(s.root, dir)
+			entries, err := os.ReadDir(parent)
+			if err != nil {
+				return fmt.Errorf("list %q: %w", parent, err)
+			}
+			for _, e := range entries {
+				if dir != tempDir {
+					if id, ok := idOfDirName(e.Name()); ok {
+						if _, live := ids[id]; live {
+							continue
+						}
+					}
+				}
+				orphans = append(orphans, filepath.Join(parent, e.Name()))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find orphaned directories: %w", err)
+	}
+	return orphans, nil
+}

@@ -1,0 +1,25 @@
+package snapshot
+
+import (
+	"context"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/testsuite"
+)
+
+func newTestSnapshotter(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
+	sn, err := New(root, Config{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sn, sn.Close, nil
+}
+
+// TestConformance runs containerd's snapshotter conformance suite in
+// process. The name "overlayfs" selects the suite's overlay expectations
+// (a directory rename in a lower layer is not tested without redirect_dir).
+func TestConformance(t *testing.T) {
+	requireRoot(t)
+	testsuite.SnapshotterSuite(t, "overlayfs", newTestSnapshotter)
+}
