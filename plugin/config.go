@@ -1,0 +1,94 @@
+// Package plugin holds grouped-snapshotter's configuration, shared by the
+// standalone daemon and the in-process containerd plugin, and registers the
+// snapshotter with containerd's plugin registry.
+package plugin
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/containerd/errdefs"
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
+)
+
+const (
+	// Name is the snapshotter's name in containerd (proxy_plugins.<Name>).
+	Name = "grouped"
+	// DefaultRoot is where snapshots and metadata live.
+	DefaultRoot = "/var/lib/grouped-snapshotter"
+	// DefaultAddress is the daemon's gRPC unix socket.
+	DefaultAddress = "/run/grouped-snapshotter/grouped-snapshotter.sock"
+	// DefaultConfigPath is read when it exists and no --config is given.
+	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
+)
+
+// Config is grouped-snapshotter's configuration file. The in-process plugin
+// ignores Address and the log settings: containerd owns those.
+type Config struct {
+	// RootPath holds metadata and every layer (0700).
+	RootPath string `toml:"root_path"`
+	// Address is the unix socket the daemon serves on.
+	Address string `toml:"address"`
+	// IDMap chooses who idmaps the layers of user-namespaced containers.
+	IDMap string `toml:"idmap"`
+	// MountOptions are extra overlay options for every overlay mount.
+	MountOptions []string `toml:"mount_options"`
+	// LogLevel is one of trace, debug, info, warn, error.
+	LogLevel string `toml:"log_level"`
+}
+
+// DefaultConfig returns the built-in defaults, used when no file exists.
+func DefaultConfig() Config {
+	return Config{
+		RootPath: DefaultRoot,
+		Address:  DefaultAddress,
+		IDMap:    string(snapshot.IDMapShim),
+		LogLevel: "info",
+	}
+}
+
+// LoadConfig decodes the file at path over the defaults. Decoding is
+// strict: an unknown key or a value of the wrong type is an error naming it.
+func LoadConfig(path string) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("read config %q: %w", path, err)
+	}
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		var strict *toml.StrictMissingError
+		var decodeErr *toml.DecodeError
+		switch {
+		case errors.As(err, &strict):
+			return cfg, fmt.Errorf("config %q: %s: %w", path, strict.String(), errdefs.ErrInvalidArgument)
+		case errors.As(err, &decodeErr):
+			row, col := decodeErr.Position()
+			return cfg, fmt.Errorf("config %q line %d column %d: %s: %w", path, row, col, decodeErr.Error(), errdefs.ErrInvalidArgument)
+		}
+		return cfg, fmt.Errorf("config %q: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks the values that decoding cannot.
+func (c Config) Validate() error {
+	if c.RootPath == "" || c.RootPath[0] != '/' {
+		return fmt.Errorf("root_path %q must be an absolute path: %w", c.RootPath, errdefs.ErrInvalidArgument)
+	}
+	switch snapshot.IDMapMode(c.IDMap) {
+	case snapshot.IDMapShim:
+	default:
+		return fmt.Errorf("idmap %q must be %q: %w", c.IDMap, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// SnapshotterConfig is the part of Config the snapshotter itself uses.
+func (c Config) SnapshotterConfig() snapshot.Config {
+	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions}
+}

@@ -1,0 +1,102 @@
+// Package server serves a snapshots.Snapshotter over containerd's snapshots
+// gRPC API on a unix socket, the way containerd's proxy_plugins expect.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/contrib/snapshotservice"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"google.golang.org/grpc"
+)
+
+// maxSocketPath is sun_path's size minus the terminating NUL.
+const maxSocketPath = 107
+
+// Listen creates the unix socket at address, mode 0600, in a directory it
+// creates with mode 0700. A socket left by a process that died is replaced;
+// one that still answers is an error, as is any other file at address.
+func Listen(address string) (net.Listener, error) {
+	if !filepath.IsAbs(address) {
+		return nil, fmt.Errorf("socket address %q must be an absolute path: %w", address, errdefs.ErrInvalidArgument)
+	}
+	if len(address) > maxSocketPath {
+		return nil, fmt.Errorf("socket address %q is %d bytes, longer than a unix socket path may be (%d): %w", address, len(address), maxSocketPath, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Dir(address), 0o700); err != nil {
+		return nil, fmt.Errorf("create socket directory for %q: %w", address, err)
+	}
+	if err := removeStaleSocket(address); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", address)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %q: %w", address, err)
+	}
+	// With the usual umask 022 the socket is 0755 until this chmod, and a
+	// unix socket needs write permission to connect: nobody else gets in.
+	if err := os.Chmod(address, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("restrict socket %q to 0600: %w", address, err)
+	}
+	return l, nil
+}
+
+func removeStaleSocket(address string) error {
+	fi, err := os.Lstat(address)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("inspect socket address %q: %w", address, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("socket address %q exists and is not a socket (%s); refusing to replace it: %w", address, fi.Mode().Type(), errdefs.ErrAlreadyExists)
+	}
+	conn, err := net.DialTimeout("unix", address, time.Second)
+	if err == nil {
+		conn.Close()
+		return fmt.Errorf("socket %q is served by another running process: %w", address, errdefs.ErrAlreadyExists)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("probe existing socket %q: %w", address, err)
+	}
+	if err := os.Remove(address); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %q: %w", address, err)
+	}
+	return nil
+}
+
+// NewGRPCServer returns a gRPC server with sn registered as containerd's
+// snapshots service.
+func NewGRPCServer(sn snapshots.Snapshotter) *grpc.Server {
+	srv := grpc.NewServer()
+	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	return srv
+}
+
+// Shutdown lets in-flight calls finish, up to timeout, then stops srv.
+func Shutdown(ctx context.Context, srv *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		log.G(ctx).WithField("timeout", timeout).Warn("in-flight calls did not finish in time; stopping")
+		srv.Stop()
+		<-done
+	}
+}
