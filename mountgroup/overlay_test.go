@@ -1,0 +1,122 @@
+package mountgroup
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// chain returns n lowerdirs named like the snapshotter's (base 36 IDs),
+// topmost first, starting at id first.
+func chain(root string, first, n int) []string {
+	dirs := make([]string, n)
+	for i := range dirs {
+		dirs[n-1-i] = root + "/l/" + strconv.FormatUint(uint64(first+i), 36)
+	}
+	return dirs
+}
+
+func TestOverlayOptions(t *testing.T) {
+	m, err := Overlay{
+		Lowers:  []string{"/r/l/2", "/r/l/1"},
+		Upper:   "/r/l/3",
+		Work:    "/r/w/3",
+		Options: []string{"index=off"},
+		Flags:   []string{"uidmap=0:100000:65536", "gidmap=0:100000:65536"},
+	}.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "uidmap=0:100000:65536 gidmap=0:100000:65536 workdir=/r/w/3 upperdir=/r/l/3 lowerdir=/r/l/2:/r/l/1 index=off"
+	if got := strings.Join(m.Options, " "); got != want || m.Type != "overlay" {
+		t.Errorf("options %q, want %q", got, want)
+	}
+	data, chdir := ShimMountData(m, 4096)
+	if data != "workdir=/r/w/3,upperdir=/r/l/3,lowerdir=/r/l/2:/r/l/1,index=off" || chdir != "" {
+		t.Errorf("short data %q chdir %q", data, chdir)
+	}
+}
+
+// TestCapacity500 checks that a 500-layer chain fits one page in the form
+// the shim mounts, for a default root and IDs well into the millions.
+func TestCapacity500(t *testing.T) {
+	for _, first := range []int{1, 50000, 2000000} {
+		lowers := chain("/var/lib/grouped-snapshotter", first, 500)
+		m, err := Overlay{
+			Lowers: lowers, Upper: "/var/lib/grouped-snapshotter/l/zzzzz", Work: "/var/lib/grouped-snapshotter/w/zzzzz",
+			Options: []string{"index=off"},
+		}.Mount()
+		if err != nil {
+			t.Fatalf("500 layers from id %d: %v", first, err)
+		}
+		data, chdir := ShimMountData(m, 4096)
+		if chdir != "/var/lib/grouped-snapshotter/l/" {
+			t.Errorf("chdir %q", chdir)
+		}
+		if len(data) > MaxMountData {
+			t.Errorf("data %d bytes", len(data))
+		}
+		if strings.Contains(data, "lowerdir=/") {
+			t.Errorf("lowerdirs were not made relative: %.80s", data)
+		}
+		t.Logf("500 layers from id %d: %d bytes of mount data", first, len(data))
+	}
+}
+
+func TestOverlayErrors(t *testing.T) {
+	long := "/" + strings.Repeat("d", 120) // a root far longer than sensible
+	for _, tc := range []struct {
+		name string
+		o    Overlay
+		want string
+	}{
+		{"no lowers", Overlay{Upper: "/u", Work: "/w"}, "at least one lower"},
+		{"read-only single", Overlay{Lowers: []string{"/a"}}, "at least two"},
+		{"upper without work", Overlay{Lowers: []string{"/a"}, Upper: "/u"}, "set together"},
+		{"501 layers", Overlay{Lowers: chain("/r", 1, 501), Upper: "/u", Work: "/w"}, "501 layers exceed"},
+		{"comma in path", Overlay{Lowers: []string{"/a,b", "/c"}}, "cannot be an overlay option"},
+		{"colon in path", Overlay{Lowers: []string{"/a:b", "/c"}}, "cannot be an overlay option"},
+		{"relative path", Overlay{Lowers: []string{"a", "/c"}}, "absolute"},
+		// Names in distinct directories defeat the shim's relative rewrite.
+		{"too long", Overlay{Lowers: func() []string {
+			var l []string
+			for i := 0; i < 100; i++ {
+				l = append(l, fmt.Sprintf("/%d%s/x", i, long))
+			}
+			return l
+		}()}, "100 layers needs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.o.Mount()
+			if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want invalid argument containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRelativeLowerdirsCommonPrefix(t *testing.T) {
+	// The common string prefix "/r/l/a" is cut back to its directory.
+	chdir, opts := relativeLowerdirs([]string{"lowerdir=/r/l/a1:/r/l/a2:/r/l/ab", "index=off"})
+	if chdir != "/r/l/" || strings.Join(opts, ",") != "index=off,lowerdir=a1:a2:ab" {
+		t.Errorf("chdir %q opts %q", chdir, opts)
+	}
+	// No shared directory below / means no rewrite.
+	chdir, opts = relativeLowerdirs([]string{"lowerdir=/a/x:/b/y"})
+	if chdir != "" || opts[0] != "lowerdir=/a/x:/b/y" {
+		t.Errorf("chdir %q opts %q", chdir, opts)
+	}
+}
+
+func TestBind(t *testing.T) {
+	m, err := Bind("/r/l/1", true, "uidmap=0:1:1")
+	if err != nil || m.Type != "bind" || strings.Join(m.Options, ",") != "uidmap=0:1:1,ro,rbind" {
+		t.Fatalf("%v %v", m, err)
+	}
+	if _, err := Bind("rel", false); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("relative bind source: %v", err)
+	}
+}
