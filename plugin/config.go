@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
@@ -68,7 +69,11 @@ func LoadConfig(path string) (Config, error) {
 			return cfg, fmt.Errorf("config %q: %s: %w", path, strict.String(), errdefs.ErrInvalidArgument)
 		case errors.As(err, &decodeErr):
 			row, col := decodeErr.Position()
-			return cfg, fmt.Errorf("config %q line %d column %d: %s: %w", path, row, col, decodeErr.Error(), errdefs.ErrInvalidArgument)
+			where := fmt.Sprintf("line %d column %d", row, col)
+			if key := decodeErr.Key(); len(key) > 0 {
+				where = fmt.Sprintf("key %q at %s", strings.Join(key, "."), where)
+			}
+			return cfg, fmt.Errorf("config %q %s: %s: %w", path, where, decodeErr.Error(), errdefs.ErrInvalidArgument)
 		}
 		return cfg, fmt.Errorf("config %q: %v: %w", path, err, errdefs.ErrInvalidArgument)
 	}

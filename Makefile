@@ -1,0 +1,40 @@
+# grouped-snapshotter. `make demo` shows it working against a real
+# containerd; `make test` runs every test (as root, as CI does).
+
+GO        ?= go
+TOOLS_DIR ?= $(CURDIR)/.tools
+export GS_TOOLS_BIN := $(TOOLS_DIR)/bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+# Unit and snapshot tests are quick; the integration tests drive a real
+# containerd and take a few minutes.
+TEST_TIMEOUT ?= 60m
+
+.PHONY: all build tools demo test test-unit test-integration vet clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grouped-snapshotter ./cmd/grouped-snapshotter
+
+# Pinned containerd, runc and crane, built from the Go module proxy.
+tools:
+	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
+
+demo: tools
+	$(GO) run ./integration/cmd/demo
+
+vet:
+	$(GO) vet ./...
+
+test: tools vet
+	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./...
+
+test-unit: vet
+	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/...
+
+test-integration: tools
+	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/...
+
+clean:
+	rm -rf bin

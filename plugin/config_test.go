@@ -1,0 +1,70 @@
+package plugin
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestExampleMatchesDefaults keeps config.toml.example honest: it decodes
+// strictly and states exactly the built-in defaults.
+func TestExampleMatchesDefaults(t *testing.T) {
+	cfg, err := LoadConfig("../config.toml.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultConfig()
+	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || len(cfg.MountOptions) != 0 {
+		t.Errorf("example %+v differs from defaults %+v", cfg, def)
+	}
+}
+
+func TestLoadConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, content string
+		want          []string
+	}{
+		{"unknown key", "root_path = \"/x\"\nroot_pth = \"/y\"\n", []string{"root_pth", "2"}},
+		{"wrong type", "mount_options = \"index=on\"\n", []string{"mount_options", "line 1"}},
+		{"bad idmap", "idmap = \"kernel\"\n", []string{"idmap", "kernel"}},
+		{"relative root", "root_path = \"var/lib\"\n", []string{"root_path", "absolute"}},
+		{"syntax", "root_path = \n", []string{"line 1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadConfig(writeConfig(t, tc.content))
+			if err == nil || !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("got %v, want invalid argument", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.toml")); err == nil || !strings.Contains(err.Error(), "missing.toml") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestLoadConfigOverridesDefaults(t *testing.T) {
+	cfg, err := LoadConfig(writeConfig(t, "root_path = \"/srv/gs\"\nmount_options = [\"volatile\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RootPath != "/srv/gs" || cfg.Address != DefaultAddress || len(cfg.MountOptions) != 1 {
+		t.Errorf("got %+v", cfg)
+	}
+}
