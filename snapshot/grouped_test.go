@@ -371,3 +371,31 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestCorruptMetadataRefusedAndKept(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	garbage := []byte(strings.Repeat("not a bolt database ", 500))
+	db := filepath.Join(root, dbFile)
+	if err := os.WriteFile(db, garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(root, Config{})
+	if err == nil || !strings.Contains(err.Error(), db) {
+		t.Fatalf("New on a corrupted metadata file: got %v, want an error naming %s", err, db)
+	}
+	if data, _ := os.ReadFile(db); string(data) != string(garbage) {
+		t.Error("the corrupted metadata file was modified")
+	}
+}
+
+func TestSecondSnapshotterOnSameRootRefused(t *testing.T) {
+	sn, _ := newSnapshotter(t)
+	_, err := New(sn.Root(), Config{})
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "locked") {
+		t.Fatalf("second New on a root in use: got %v, want unavailable/locked", err)
+	}
+}

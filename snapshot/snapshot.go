@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -31,6 +32,7 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
@@ -42,6 +44,8 @@ const (
 	worksDir  = "w"
 	tempDir   = "t"
 	dbFile    = "metadata.db"
+
+	metadataLockTimeout = 5 * time.Second
 
 	// maxKeyLen bounds snapshot keys; containerd's own keys
 	// ("<namespace>/<n>/<digest>") are well under 200 bytes.
@@ -122,9 +126,29 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
 		return nil, err
 	}
-	ms, err := storage.NewMetaStore(filepath.Join(root, dbFile))
+	dbPath := filepath.Join(root, dbFile)
+	ms, err := storage.NewMetaStore(dbPath, func(o *bolt.Options) error {
+		// bbolt waits forever for the file lock another daemon holds.
+		o.Timeout = metadataLockTimeout
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("open metadata %q: %w", filepath.Join(root, dbFile), err)
+		return nil, fmt.Errorf("open metadata %q: %w", dbPath, err)
+	}
+	// The MetaStore opens its file lazily; open it now so a locked or
+	// corrupted file stops the daemon at start with a clear message, and is
+	// never rewritten.
+	if err := ms.WithTransaction(context.Background(), false, func(ctx context.Context) error {
+		if _, err := storage.IDMap(ctx); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		ms.Close()
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("metadata %q is locked: is another grouped-snapshotter running on root %q? %w", dbPath, root, errdefs.ErrUnavailable)
+		}
+		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
 	options := append([]string{}, cfg.MountOptions...)
 	if !hasOption(options, "index") && supportsIndex() {
