@@ -1,0 +1,287 @@
+package mountgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+)
+
+// viewAttrs are the attributes of every view: idmapped, and read-only,
+// nosuid, nodev, noexec for anyone on the host who reaches it. The
+// container's overlay has its own flags, so they do not affect it.
+const viewAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
+
+// Views keeps one read-only idmapped view of the layer parent per mapping,
+// each mounted at <dir>/<name>. Callers choose the names and count the users;
+// Views makes sure that what is mounted at a name is exactly the view of the
+// mapping asked for, and never stacks two mounts at one name.
+type Views struct {
+	layers string
+	dir    string
+
+	mu      sync.Mutex
+	locks   map[string]*sync.Mutex
+	mounted map[string]string // name -> mapping.String() of a verified view
+
+	// Syscalls counts the mount-family syscalls Views made.
+	syscalls SyscallCounter
+}
+
+// SyscallCounter counts mount-family syscalls.
+type SyscallCounter struct {
+	mu sync.Mutex
+	n  uint64
+}
+
+func (c *SyscallCounter) add(n uint64) {
+	c.mu.Lock()
+	c.n += n
+	c.mu.Unlock()
+}
+
+// Load returns the count so far.
+func (c *SyscallCounter) Load() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// NewViews prepares dir to hold views of layers: dir becomes its own bind
+// mount with private propagation, so views never propagate into other mount
+// namespaces. dir must not be inside layers.
+func NewViews(layers, dir string) (*Views, error) {
+	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
+	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
+		return nil, fmt.Errorf("views directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create views directory %q: %w", dir, err)
+	}
+	v := &Views{layers: layers, dir: dir, locks: map[string]*sync.Mutex{}, mounted: map[string]string{}}
+	isMount, err := IsMountPoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !isMount {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return nil, fmt.Errorf("bind mount views directory %q onto itself: %w", dir, err)
+		}
+		v.syscalls.add(1)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return nil, fmt.Errorf("make views directory %q private: %w", dir, err)
+	}
+	v.syscalls.add(1)
+	return v, nil
+}
+
+// Dir returns the views directory.
+func (v *Views) Dir() string { return v.dir }
+
+// Path returns where the view called name is mounted.
+func (v *Views) Path(name string) string { return filepath.Join(v.dir, name) }
+
+// Syscalls returns the number of mount-family syscalls made so far.
+func (v *Views) Syscalls() uint64 { return v.syscalls.Load() }
+
+func (v *Views) lock(name string) func() {
+	v.mu.Lock()
+	l, ok := v.locks[name]
+	if !ok {
+		l = &sync.Mutex{}
+		v.locks[name] = l
+	}
+	v.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// Ensure makes sure the view of mapping m is mounted at name: it reuses a
+// view already there (also one a previous run of the daemon made) when its
+// idmapping is m, replaces one that is not, and creates a missing one.
+func (v *Views) Ensure(name string, m *idmap.Mapping) error {
+	unlock := v.lock(name)
+	defer unlock()
+
+	want := m.String()
+	v.mu.Lock()
+	have, known := v.mounted[name]
+	v.mu.Unlock()
+	if known && have == want {
+		return nil
+	}
+	path := v.Path(name)
+	isMount, err := IsMountPoint(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if isMount {
+		st, err := statMount(path)
+		if err == nil && st.UIDMap == m.UIDLabelValue() && st.GIDMap == m.GIDLabelValue() && st.Attr&viewAttrs == viewAttrs {
+			v.remember(name, want)
+			return nil
+		}
+		// Not the view we need (or unverifiable): never serve it.
+		if err := v.unmountLocked(name); err != nil {
+			return err
+		}
+	}
+	if err := v.create(path, m); err != nil {
+		return fmt.Errorf("create view %q of %s: %w", name, m, err)
+	}
+	v.remember(name, want)
+	return nil
+}
+
+func (v *Views) remember(name, mapping string) {
+	v.mu.Lock()
+	v.mounted[name] = mapping
+	v.mu.Unlock()
+}
+
+func (v *Views) create(path string, m *idmap.Mapping) error {
+	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
+		return err
+	}
+	userns, err := userNamespace(m)
+	if err != nil {
+		return err
+	}
+	defer userns.Close()
+	// A non-recursive clone: nothing is mounted under the layer parent, and
+	// a recursive idmap would fail if something were.
+	tree, err := unix.OpenTree(unix.AT_FDCWD, v.layers, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	v.syscalls.add(1)
+	if err != nil {
+		return fmt.Errorf("open_tree %q: %w", v.layers, err)
+	}
+	defer unix.Close(tree)
+	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(userns.Fd()), Propagation: unix.MS_PRIVATE}
+	v.syscalls.add(1)
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("mount_setattr idmap of %q: %w", v.layers, err)
+	}
+	v.syscalls.add(1)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, path, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount to %q: %w", path, err)
+	}
+	return nil
+}
+
+// Remove unmounts the view called name, if mounted, and removes its
+// directory. Running containers keep working: their overlays hold their own
+// references to the layers.
+func (v *Views) Remove(name string) error {
+	unlock := v.lock(name)
+	defer unlock()
+	return v.unmountLocked(name)
+}
+
+func (v *Views) unmountLocked(name string) error {
+	path := v.Path(name)
+	v.mu.Lock()
+	delete(v.mounted, name)
+	v.mu.Unlock()
+	for {
+		isMount, err := IsMountPoint(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !isMount {
+			break
+		}
+		v.syscalls.add(1)
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount view %q: %w", path, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove view directory %q: %w", path, err)
+	}
+	return nil
+}
+
+// Names lists the entries of the views directory.
+func (v *Views) Names() ([]string, error) {
+	entries, err := os.ReadDir(v.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list views %q: %w", v.dir, err)
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names, nil
+}
+
+// IsMountPoint reports whether path is the root of a mount, by comparing
+// mount IDs of path and its parent: unlike a device comparison it also sees
+// bind mounts within one filesystem.
+func IsMountPoint(path string) (bool, error) {
+	var self, parent unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &self); err != nil {
+		return false, &os.PathError{Op: "statx", Path: path, Err: err}
+	}
+	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(path), 0, unix.STATX_MNT_ID, &parent); err != nil {
+		return false, &os.PathError{Op: "statx", Path: filepath.Dir(path), Err: err}
+	}
+	if self.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return self.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	}
+	return self.Mnt_id != parent.Mnt_id, nil
+}
+
+// MountsUnder lists the mount points at or below dir in this process's
+// mount namespace.
+func MountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out, sc.Err()
+}
+
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var c byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
+				b.WriteByte(c)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,182 @@
+package mountgroup
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+)
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root (idmapped mounts); run it as root, as CI does")
+	}
+}
+
+func mapping(t *testing.T, uid, gid string) *idmap.Mapping {
+	t.Helper()
+	m, err := idmap.FromLabels(map[string]string{idmap.UIDLabel: uid, idmap.GIDLabel: gid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// newTestViews makes <tmp>/root/{l,v} with a layer holding files owned by
+// 0:0 and 1000:1000, and unmounts everything at the end.
+func newTestViews(t *testing.T) (*Views, string) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	layers := filepath.Join(root, "l")
+	if err := os.MkdirAll(filepath.Join(layers, "1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, id := range map[string]int{"root-file": 0, "user-file": 1000} {
+		p := filepath.Join(layers, "1", name)
+		if err := os.WriteFile(p, []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, id, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := NewViews(layers, filepath.Join(root, "v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		mps, _ := MountsUnder(root)
+		for i := len(mps) - 1; i >= 0; i-- {
+			unix.Unmount(mps[i], unix.MNT_DETACH)
+		}
+	})
+	return v, root
+}
+
+func owner(t *testing.T, path string) (uint32, uint32) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := st.Sys().(*syscall.Stat_t)
+	return sys.Uid, sys.Gid
+}
+
+func TestViewShowsMappedOwnersReadOnly(t *testing.T) {
+	v, _ := newTestViews(t)
+	m := mapping(t, "0:100000:65536", "0:200000:65536")
+	if err := v.Ensure("0", m); err != nil {
+		t.Fatal(err)
+	}
+	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 100000 || g != 200000 {
+		t.Errorf("root-file through the view: %d:%d, want 100000:200000", u, g)
+	}
+	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "user-file")); u != 101000 || g != 201000 {
+		t.Errorf("user-file through the view: %d:%d, want 101000:201000", u, g)
+	}
+	err := os.WriteFile(filepath.Join(v.Path("0"), "1", "new"), nil, 0o644)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Errorf("write through the view: %v, want EROFS", err)
+	}
+	st, err := statMount(v.Path("0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&viewAttrs != viewAttrs {
+		t.Errorf("statmount: %+v", st)
+	}
+	// A layer created after the view is visible through it.
+	if err := os.Mkdir(filepath.Join(v.layers, "2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(v.Path("0"), "2")); err != nil {
+		t.Errorf("new layer not visible through the view: %v", err)
+	}
+}
+
+func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
+	v, root := newTestViews(t)
+	m := mapping(t, "0:100000:65536", "0:100000:65536")
+	if err := v.Ensure("0", m); err != nil {
+		t.Fatal(err)
+	}
+	before := v.Syscalls()
+	for i := 0; i < 3; i++ {
+		if err := v.Ensure("0", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v.Syscalls() != before {
+		t.Errorf("Ensure of an existing view made %d mount syscalls", v.Syscalls()-before)
+	}
+	// A new Views on the same dirs (a daemon restart) recognises the view
+	// through statmount instead of stacking a second one.
+	v2, err := NewViews(filepath.Join(root, "l"), filepath.Join(root, "v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := v2.Syscalls()
+	if err := v2.Ensure("0", m); err != nil {
+		t.Fatal(err)
+	}
+	if n := v2.Syscalls() - base; n != 0 {
+		t.Errorf("restart: Ensure made %d mount syscalls for an existing view", n)
+	}
+	if mps, _ := MountsUnder(v.Path("0")); len(mps) != 1 {
+		t.Errorf("mounts at the view: %v, want exactly one", mps)
+	}
+	// A different mapping at the same name replaces the view, never stacks.
+	other := mapping(t, "0:300000:65536", "0:300000:65536")
+	if err := v2.Ensure("0", other); err != nil {
+		t.Fatal(err)
+	}
+	if mps, _ := MountsUnder(v.Path("0")); len(mps) != 1 {
+		t.Errorf("mounts at the view after a mapping change: %v, want exactly one", mps)
+	}
+	if u, _ := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 300000 {
+		t.Errorf("replaced view shows owner %d, want 300000", u)
+	}
+	if err := v2.Remove("0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
+		t.Errorf("view directory left after Remove: %v", err)
+	}
+	if mps, _ := MountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
+		t.Errorf("mounts under the views dir after Remove: %v, want only the dir's own bind", mps)
+	}
+}
+
+func TestViewsDirMustBeOutsideLayers(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	if _, err := NewViews(root, filepath.Join(root, "v")); err == nil {
+		t.Fatal("NewViews accepted a views directory inside the layer parent")
+	}
+}
+
+func TestViewsDirIsPrivate(t *testing.T) {
+	v, _ := newTestViews(t)
+	f, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range splitLines(string(f)) {
+		fields := splitFields(line)
+		if len(fields) > 6 && fields[4] == v.Dir() {
+			// Optional fields (shared:N, master:N) sit between field 6 and "-".
+			if fields[6] != "-" {
+				t.Errorf("views dir has propagation %q, want private", fields[6])
+			}
+			return
+		}
+	}
+	t.Fatalf("views dir %q is not a mount point", v.Dir())
+}
