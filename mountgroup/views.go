@@ -285,3 +285,25 @@ func unescapeMountinfo(s string) string {
 	}
 	return b.String()
 }
+
+// UnmountAll unmounts every view and the views directory's own bind mount,
+// for uninstalling and for tests. Containers already running keep working;
+// Views must not be used afterwards.
+func (v *Views) UnmountAll() error {
+	mps, err := MountsUnder(v.dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	// mountinfo lists parents before children: unmount in reverse.
+	for i := len(mps) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mps[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %q: %w", mps[i], err))
+		}
+		v.syscalls.add(1)
+	}
+	v.mu.Lock()
+	v.mounted = map[string]string{}
+	v.mu.Unlock()
+	return errors.Join(errs...)
+}

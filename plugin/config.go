@@ -47,7 +47,7 @@ func DefaultConfig() Config {
 	return Config{
 		RootPath: DefaultRoot,
 		Address:  DefaultAddress,
-		IDMap:    string(snapshot.IDMapShim),
+		IDMap:    string(snapshot.IDMapView),
 		LogLevel: "info",
 	}
 }
@@ -86,9 +86,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("root_path %q must be an absolute path: %w", c.RootPath, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapShim:
+	case snapshot.IDMapView, snapshot.IDMapShim:
 	default:
-		return fmt.Errorf("idmap %q must be %q: %w", c.IDMap, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapView, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

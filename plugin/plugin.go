@@ -23,7 +23,7 @@ func init() {
 	registry.Register(&plugin.Registration{
 		Type:   plugins.SnapshotPlugin,
 		ID:     Name,
-		Config: &Config{IDMap: string(snapshot.IDMapShim)},
+		Config: &Config{IDMap: string(snapshot.IDMapView)},
 		InitFn: func(ic *plugin.InitContext) (any, error) {
 			cfg, ok := ic.Config.(*Config)
 			if !ok {

@@ -20,13 +20,22 @@ import (
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
+	return newSnapshotterMode(t, IDMapView)
+}
+
+func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Context) {
 	t.Helper()
 	requireRoot(t)
-	sn, err := New(filepath.Join(t.TempDir(), "root"), Config{})
+	sn, err := New(filepath.Join(t.TempDir(), "root"), Config{IDMap: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close() })
+	t.Cleanup(func() {
+		sn.Close()
+		if err := sn.UnmountViews(); err != nil {
+			t.Error(err)
+		}
+	})
 	return sn, namespaces.WithNamespace(context.Background(), "test")
 }
 
@@ -197,8 +206,8 @@ func Test500Layers(t *testing.T) {
 	}
 }
 
-func TestRemapLabels(t *testing.T) {
-	sn, ctx := newSnapshotter(t)
+func TestRemapLabelsShimMode(t *testing.T) {
+	sn, ctx := newSnapshotterMode(t, IDMapShim)
 	top := commitChain(t, sn, ctx, 2)
 	labels := snapshots.WithLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:200000:65536"})
 	mounts, err := sn.Prepare(ctx, "userns", top, labels)
@@ -349,6 +358,7 @@ func TestReopenKeepsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer sn.UnmountViews()
 	defer sn.Close()
 	if _, err := sn.Prepare(ctx, "after-restart", top); err != nil {
 		t.Fatal(err)
@@ -398,4 +408,8 @@ func TestSecondSnapshotterOnSameRootRefused(t *testing.T) {
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second New on a root in use: got %v, want unavailable/locked", err)
 	}
+}
+
+func testContext() context.Context {
+	return namespaces.WithNamespace(context.Background(), "test")
 }

@@ -8,6 +8,8 @@
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
 //	t/           temporary directories of snapshots being created
+//	v/<n>        read-only idmapped views of l/, one per UID/GID mapping
+//	             in use (idmap mode "view"); v/ is a private bind mount
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
 // enough that the lowerdirs of a 500-layer chain fit one page once
@@ -43,6 +45,7 @@ const (
 	workDir   = "work"
 	worksDir  = "w"
 	tempDir   = "t"
+	viewsDir  = "v"
 	dbFile    = "metadata.db"
 
 	metadataLockTimeout = 5 * time.Second
@@ -56,6 +59,10 @@ const (
 type IDMapMode string
 
 const (
+	// IDMapView keeps one persistent idmapped view of the layer parent per
+	// mapping and returns plain overlays through it: the shim makes one
+	// mount per container start whatever its version.
+	IDMapView IDMapMode = "view"
 	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
 	// idmap the layers at every mount, as the built-in overlayfs does.
 	IDMapShim IDMapMode = "shim"
@@ -75,6 +82,7 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	idmap   IDMapMode
 	options []string
+	views   *mountgroup.Views // nil in shim mode
 
 	closeOnce sync.Once
 	closeErr  error
@@ -93,10 +101,10 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	}
 	switch cfg.IDMap {
 	case "":
-		cfg.IDMap = IDMapShim
-	case IDMapShim:
+		cfg.IDMap = IDMapView
+	case IDMapView, IDMapShim:
 	default:
-		return nil, fmt.Errorf("idmap mode %q is not one of %q: %w", cfg.IDMap, IDMapShim, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q: %w", cfg.IDMap, IDMapView, IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
@@ -154,7 +162,18 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if !hasOption(options, "index") && supportsIndex() {
 		options = append(options, "index=off")
 	}
-	return &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options}, nil
+	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options}
+	if cfg.IDMap == IDMapView {
+		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir)); err != nil {
+			ms.Close()
+			return nil, err
+		}
+		if err := s.reconcileViews(context.Background()); err != nil {
+			ms.Close()
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // Root returns the snapshotter's root directory.
@@ -308,31 +327,85 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 	return m, nil
 }
 
-// Mounts returns the mount of an active or view snapshot.
+// Mounts returns the mount of an active or view snapshot. In view mode it
+// makes the mapping's view if it is missing (after a reboot, say).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
 	var (
-		snap storage.Snapshot
-		info snapshots.Info
+		snap     storage.Snapshot
+		mapping  *idmap.Mapping
+		viewName string
+		isUser   bool
 	)
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
 			return err
 		}
-		_, info, _, err = storage.GetInfo(ctx, key)
-		return err
+		_, info, _, err := storage.GetInfo(ctx, key)
+		if err != nil {
+			return err
+		}
+		if mapping, err = idmap.FromLabels(info.Labels); err != nil {
+			return err
+		}
+		if s.needsView(snap, mapping) {
+			viewName, isUser = viewOf(tx, mapping, snap.ID)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("mounts of %q: %w", key, err)
 	}
-	mapping, err := idmap.FromLabels(info.Labels)
-	if err != nil {
-		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+	if s.needsView(snap, mapping) && !isUser {
+		// Made in shim mode, before the switch to views: register it now.
+		err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+			viewName, _, err = useView(tx, mapping, snap.ID)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("mounts of %q: register view: %w", key, err)
+		}
 	}
-	m, err := s.mounts(snap, mapping)
+	if viewName != "" {
+		if err := s.views.Ensure(viewName, mapping); err != nil {
+			return nil, fmt.Errorf("mounts of %q: %w", key, err)
+		}
+	}
+	m, err := s.mounts(snap, mapping, viewName)
 	if err != nil {
 		return nil, fmt.Errorf("mounts of %q: %w", key, err)
 	}
 	return m, nil
+}
+
+// needsView reports whether snap's layers are shown through an idmapped
+// view: remapped, with layers, in view mode.
+func (s *Snapshotter) needsView(snap storage.Snapshot, mapping *idmap.Mapping) bool {
+	return s.views != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
+}
+
+// releaseViewsOf drops snapshot id from the view registry inside tx and
+// unmounts the views left without users before tx commits: a create that
+// picks the same name later must find it free. If the commit then fails the
+// view is simply made again when next needed.
+func (s *Snapshotter) releaseViewsOf(ctx context.Context, tx *bolt.Tx, id string) error {
+	if s.views == nil {
+		// Shim mode still keeps the registry right for a later switch.
+		_, err := releaseViews(tx, id)
+		return err
+	}
+	freed, err := releaseViews(tx, id)
+	if err != nil {
+		return err
+	}
+	for _, name := range freed {
+		if err := s.views.Remove(name); err != nil {
+			// Reconciliation at the next start removes it.
+			log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused view")
+		} else {
+			log.G(ctx).WithField("view", name).Debug("removed view: its last snapshot is gone")
+		}
+	}
+	return nil
 }
 
 // Commit turns an active snapshot into a committed one named name. A
@@ -341,7 +414,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := checkKey("snapshot name", name); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
@@ -360,7 +433,8 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
 			return err
 		}
-		return nil
+		// A committed layer is never mounted through a view.
+		return s.releaseViewsOf(ctx, tx, id)
 	})
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
@@ -373,9 +447,11 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 // directories, which Cleanup removes, never metadata without files.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	var id string
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		id, _, err = storage.Remove(ctx, key)
-		return err
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		if id, _, err = storage.Remove(ctx, key); err != nil {
+			return err
+		}
+		return s.releaseViewsOf(ctx, tx, id)
 	})
 	if err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
@@ -441,7 +517,15 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 			}
 		}
 	}()
-	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+	var newView string // a view made for this snapshot alone, undone on failure
+	defer func() {
+		if retErr != nil && newView != "" {
+			if err := s.views.Remove(newView); err != nil {
+				log.G(ctx).WithError(err).WithField("view", newView).Warn("failed to remove view of a failed snapshot creation")
+			}
+		}
+	}()
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
 		if err != nil {
 			return err
@@ -457,14 +541,30 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 				return err
 			}
 		}
+		var viewName string
+		if s.needsView(snap, mapping) {
+			var created bool
+			if viewName, created, err = useView(tx, mapping, snap.ID); err != nil {
+				return fmt.Errorf("register view: %w", err)
+			}
+			// Mount the view inside the transaction: creations are
+			// serialised by it, so a freed name is never raced for.
+			if err := s.views.Ensure(viewName, mapping); err != nil {
+				return err
+			}
+			if created {
+				newView = viewName
+			}
+		}
 		// Build and check the mount now, so a chain the kernel cannot mount
 		// fails here rather than at container start.
-		result, err = s.mounts(snap, mapping)
+		result, err = s.mounts(snap, mapping, viewName)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	newView = ""
 	return result, nil
 }
 
@@ -538,18 +638,24 @@ func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mappi
 
 // mounts builds the one mount of a snapshot: a bind for a snapshot without
 // parents (and a view of a single layer), otherwise one overlay.
-func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping) ([]mount.Mount, error) {
+//
+// viewName is the view the layers are read through, "" for none.
+func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, viewName string) ([]mount.Mount, error) {
 	var flags []string
 	if mapping != nil && s.idmap == IDMapShim {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
+	lowerParent := filepath.Join(s.root, layersDir)
+	if viewName != "" {
+		lowerParent = s.views.Path(viewName)
+	}
 	lowers := make([]string, len(snap.ParentIDs))
 	for i, id := range snap.ParentIDs {
-		p, err := s.layerPath(id)
+		name, err := dirName(id)
 		if err != nil {
 			return nil, err
 		}
-		lowers[i] = p
+		lowers[i] = filepath.Join(lowerParent, name)
 	}
 
 	if snap.Kind == snapshots.KindView {
@@ -640,4 +746,14 @@ func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
 	return orphans, nil
+}
+
+// UnmountViews unmounts every idmapped view and the views directory, for
+// uninstalling and tests. Call it after Close; running containers keep
+// working.
+func (s *Snapshotter) UnmountViews() error {
+	if s.views == nil {
+		return nil
+	}
+	return s.views.UnmountAll()
 }

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"errors"
 	"context"
 	"testing"
 
@@ -13,7 +14,9 @@ func newTestSnapshotter(ctx context.Context, root string) (snapshots.Snapshotter
 	if err != nil {
 		return nil, nil, err
 	}
-	return sn, sn.Close, nil
+	return sn, func() error {
+		return errors.Join(sn.Close(), sn.UnmountViews())
+	}, nil
 }
 
 // TestConformance runs containerd's snapshotter conformance suite in
@@ -22,4 +25,15 @@ func newTestSnapshotter(ctx context.Context, root string) (snapshots.Snapshotter
 func TestConformance(t *testing.T) {
 	requireRoot(t)
 	testsuite.SnapshotterSuite(t, "overlayfs", newTestSnapshotter)
+}
+
+func TestConformanceShimMode(t *testing.T) {
+	requireRoot(t)
+	testsuite.SnapshotterSuite(t, "overlayfs", func(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
+		sn, err := New(root, Config{IDMap: IDMapShim})
+		if err != nil {
+			return nil, nil, err
+		}
+		return sn, sn.Close, nil
+	})
 }

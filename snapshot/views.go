@@ -1,0 +1,245 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/storage"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+)
+
+// The view registry lives in the MetaStore's bbolt file, next to
+// containerd's buckets, so that who uses which view changes in the same
+// transaction as the snapshots themselves:
+//
+//	grouped.v1/views/<mapping>/name         short name of the view under v/
+//	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use the view
+var (
+	bucketGrouped = []byte("grouped.v1")
+	bucketViews   = []byte("views")
+	bucketUsers   = []byte("users")
+	keyName       = []byte("name")
+)
+
+// withTx runs fn in a MetaStore transaction and hands it the bbolt
+// transaction as well, for the view registry.
+func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
+	ctx, t, err := s.ms.TransactionContext(ctx, writable)
+	if err != nil {
+		return err
+	}
+	tx, ok := t.(*bolt.Tx)
+	if !ok {
+		t.Rollback()
+		return fmt.Errorf("metadata transaction is a %T, not a bbolt transaction: %w", t, errdefs.ErrUnknown)
+	}
+	if err := fn(ctx, tx); err != nil || !writable {
+		if rerr := tx.Rollback(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
+		}
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit metadata: %w", err)
+	}
+	return nil
+}
+
+func viewsBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
+	if !create {
+		if g := tx.Bucket(bucketGrouped); g != nil {
+			return g.Bucket(bucketViews), nil
+		}
+		return nil, nil
+	}
+	g, err := tx.CreateBucketIfNotExists(bucketGrouped)
+	if err != nil {
+		return nil, err
+	}
+	return g.CreateBucketIfNotExists(bucketViews)
+}
+
+// useView records that snapshot id uses the view of m and returns the
+// view's name; created is true when the mapping had no view before.
+func useView(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, created bool, err error) {
+	views, err := viewsBucket(tx, true)
+	if err != nil {
+		return "", false, err
+	}
+	key := []byte(m.String())
+	mb := views.Bucket(key)
+	if mb == nil {
+		name, err = freeViewName(views)
+		if err != nil {
+			return "", false, err
+		}
+		if mb, err = views.CreateBucket(key); err != nil {
+			return "", false, err
+		}
+		if err := mb.Put(keyName, []byte(name)); err != nil {
+			return "", false, err
+		}
+		created = true
+	}
+	users, err := mb.CreateBucketIfNotExists(bucketUsers)
+	if err != nil {
+		return "", false, err
+	}
+	if err := users.Put([]byte(id), nil); err != nil {
+		return "", false, err
+	}
+	return string(mb.Get(keyName)), created, nil
+}
+
+// viewOf returns the view name of m and whether snapshot id is one of its
+// users; name is "" if m has no view.
+func viewOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool) {
+	views, _ := viewsBucket(tx, false)
+	if views == nil {
+		return "", false
+	}
+	mb := views.Bucket([]byte(m.String()))
+	if mb == nil {
+		return "", false
+	}
+	users := mb.Bucket(bucketUsers)
+	return string(mb.Get(keyName)), users != nil && users.Get([]byte(id)) != nil
+}
+
+// releaseViews drops snapshot id from every view's users and returns the
+// names of views left without users, whose registry entries are deleted.
+func releaseViews(tx *bolt.Tx, id string) ([]string, error) {
+	return pruneViews(tx, func(user string) bool { return user == id })
+}
+
+// pruneViews removes the users for which drop is true and returns the
+// names of views left without users.
+func pruneViews(tx *bolt.Tx, drop func(user string) bool) ([]string, error) {
+	views, err := viewsBucket(tx, false)
+	if views == nil || err != nil {
+		return nil, err
+	}
+	var freed, emptyKeys [][]byte
+	err = views.ForEachBucket(func(k []byte) error {
+		mb := views.Bucket(k)
+		users := mb.Bucket(bucketUsers)
+		if users != nil {
+			var gone [][]byte
+			if err := users.ForEach(func(u, _ []byte) error {
+				if drop(string(u)) {
+					gone = append(gone, append([]byte(nil), u...))
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			for _, u := range gone {
+				if err := users.Delete(u); err != nil {
+					return err
+				}
+			}
+			if k, _ := users.Cursor().First(); k != nil {
+				return nil
+			}
+		}
+		freed = append(freed, append([]byte(nil), mb.Get(keyName)...))
+		emptyKeys = append(emptyKeys, append([]byte(nil), k...))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range emptyKeys {
+		if err := views.DeleteBucket(k); err != nil {
+			return nil, err
+		}
+	}
+	names := make([]string, len(freed))
+	for i, n := range freed {
+		names[i] = string(n)
+	}
+	return names, nil
+}
+
+// registeredViews returns name -> mapping string of every registered view.
+func registeredViews(tx *bolt.Tx) map[string]string {
+	out := map[string]string{}
+	views, _ := viewsBucket(tx, false)
+	if views == nil {
+		return out
+	}
+	_ = views.ForEachBucket(func(k []byte) error {
+		out[string(views.Bucket(k).Get(keyName))] = string(k)
+		return nil
+	})
+	return out
+}
+
+// freeViewName returns the smallest base-36 number no view uses: view
+// names appear in every lowerdir, so they are kept as short as possible.
+func freeViewName(views *bolt.Bucket) (string, error) {
+	used := map[string]bool{}
+	if err := views.ForEachBucket(func(k []byte) error {
+		used[string(views.Bucket(k).Get(keyName))] = true
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	for n := uint64(0); ; n++ {
+		if name := strconv.FormatUint(n, 36); !used[name] {
+			return name, nil
+		}
+	}
+}
+
+// reconcileViews runs at start: it drops registry users whose snapshot no
+// longer exists or is committed, and unmounts views no snapshot uses.
+// Views in use are left as they are and verified when next needed.
+func (s *Snapshotter) reconcileViews(ctx context.Context) error {
+	var registered map[string]string
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		active := map[string]bool{}
+		for id, key := range ids {
+			if _, info, _, err := storage.GetInfo(ctx, key); err == nil && info.Kind != snapshots.KindCommitted {
+				active[id] = true
+			}
+		}
+		freed, err := pruneViews(tx, func(user string) bool { return !active[user] })
+		if err != nil {
+			return err
+		}
+		if len(freed) > 0 {
+			log.G(ctx).WithField("views", freed).Info("dropped registry entries of views without snapshots")
+		}
+		registered = registeredViews(tx)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reconcile views: %w", err)
+	}
+	names, err := s.views.Names()
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if _, ok := registered[name]; ok {
+			continue
+		}
+		if err := s.views.Remove(name); err != nil {
+			return fmt.Errorf("remove stale view %q: %w", name, err)
+		}
+		log.G(ctx).WithField("view", name).Info("removed stale view no snapshot uses")
+	}
+	return nil
+}

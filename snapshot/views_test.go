@@ -1,0 +1,223 @@
+package snapshot
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+)
+
+func remap(host string) snapshots.Opt {
+	return snapshots.WithLabels(map[string]string{
+		idmap.UIDLabel: "0:" + host + ":65536",
+		idmap.GIDLabel: "0:" + host + ":65536",
+	})
+}
+
+func lowerdirs(t *testing.T, m mount.Mount) []string {
+	t.Helper()
+	for _, o := range m.Options {
+		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+			return strings.Split(v, ":")
+		}
+	}
+	t.Fatalf("no lowerdir in %v", m.Options)
+	return nil
+}
+
+func viewMounts(t *testing.T, sn *Snapshotter) []string {
+	t.Helper()
+	mps, err := mountgroup.MountsUnder(filepath.Join(sn.Root(), viewsDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mps[1:] // the first is the views directory's own bind mount
+}
+
+func fileOwner(t *testing.T, path string) uint32 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Sys().(*syscall.Stat_t).Uid
+}
+
+func TestViewModeSharesOneViewPerMapping(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 3)
+	a1, err := sn.Prepare(ctx, "a1", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := sn.Prepare(ctx, "a2", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := sn.Prepare(ctx, "b1", top, remap("200000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range [][]mount.Mount{a1, a2, b1} {
+		if len(m) != 1 || m[0].Type != "overlay" {
+			t.Fatalf("want one overlay, got %+v", m)
+		}
+		for _, o := range m[0].Options {
+			if strings.HasPrefix(o, "uidmap=") || strings.HasPrefix(o, "gidmap=") {
+				t.Errorf("view mode returned shim idmap option %q", o)
+			}
+		}
+	}
+	va, vb := filepath.Dir(lowerdirs(t, a1[0])[0]), filepath.Dir(lowerdirs(t, b1[0])[0])
+	if filepath.Dir(lowerdirs(t, a2[0])[0]) != va || va == vb {
+		t.Errorf("same mapping should share a view and different ones not: %s %s", va, vb)
+	}
+	if got := viewMounts(t, sn); len(got) != 2 {
+		t.Fatalf("views mounted: %v, want 2", got)
+	}
+
+	// Through the overlay, as the shim mounts it, image files owned by 0
+	// show as the mapped root; new files land in the upper as host IDs.
+	target := t.TempDir()
+	if err := mount.All(a1, target); err != nil {
+		t.Fatal(err)
+	}
+	defer mount.UnmountAll(target, 0)
+	if uid := fileOwner(t, filepath.Join(target, "f001")); uid != 100000 {
+		t.Errorf("image file owner through the view: %d, want 100000", uid)
+	}
+	if uid := fileOwner(t, target); uid != 100000 {
+		t.Errorf("rootfs owner: %d, want the mapped root 100000", uid)
+	}
+	if err := mount.UnmountAll(target, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// A one-layer view snapshot is a read-only bind through the view.
+	v, err := sn.View(ctx, "v1", "layer-1", remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].Type != "bind" || !strings.HasPrefix(v[0].Source, va+"/") {
+		t.Errorf("one-layer view snapshot: %+v, want a bind under %s", v[0], va)
+	}
+
+	// The view goes with its last user.
+	for _, key := range []string{"a1", "a2"} {
+		if err := sn.Remove(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := viewMounts(t, sn); len(got) != 2 {
+		t.Errorf("views after removing two of three users of a mapping: %v", got)
+	}
+	if err := sn.Remove(ctx, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := viewMounts(t, sn); len(got) != 1 || got[0] != vb {
+		t.Errorf("views after removing every user of a mapping: %v, want only %s", got, vb)
+	}
+	// Committing the last user of a mapping releases its view too.
+	if err := sn.Commit(ctx, "b1-committed", "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := viewMounts(t, sn); len(got) != 0 {
+		t.Errorf("views after committing the last user: %v", got)
+	}
+}
+
+func TestViewModeRestartAndLazyRecreate(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	// A stale view: mounted, but in use by no snapshot.
+	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
+		t.Fatal(err)
+	}
+	stale := viewMounts(t, sn)[1]
+	if err := sn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Simulate a crash that lost the removal of "gone" after its metadata
+	// commit: drop it from the registry only, not the mount.
+	sn2, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sn2.Remove(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	sn2.Close()
+	if got := viewMounts(t, sn); len(got) != 2 {
+		t.Fatalf("shim mode must not touch views: %v", got)
+	}
+
+	sn, err = New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := viewMounts(t, sn); len(got) != 1 || got[0] == stale {
+		t.Errorf("start did not remove the stale view %s: %v", stale, got)
+	}
+	before := sn.views.Syscalls()
+	if _, err := sn.Mounts(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if n := sn.views.Syscalls() - before; n != 0 {
+		t.Errorf("Mounts after restart made %d mount syscalls; the existing view should be reused", n)
+	}
+	// Someone unmounts the view: Mounts makes it again.
+	view := viewMounts(t, sn)[0]
+	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	sn.views.Remove(filepath.Base(view)) // forget what it remembered, as after a restart
+	m, err := sn.Mounts(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := viewMounts(t, sn); len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
+		t.Errorf("view not recreated lazily: %v", got)
+	}
+}
+
+// TestViewMode500Layers mounts a 500-layer remapped chain through a view
+// with containerd's mount code.
+func TestViewMode500Layers(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 500)
+	m, err := sn.Prepare(ctx, "c", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := mountgroup.ShimMountData(m[0], os.Getpagesize())
+	t.Logf("500 remapped layers through a view: %d bytes of mount data", len(data))
+	target := t.TempDir()
+	if err := mount.All(m, target); err != nil {
+		t.Fatal(err)
+	}
+	defer mount.UnmountAll(target, 0)
+	if uid := fileOwner(t, filepath.Join(target, "f001")); uid != 100000 {
+		t.Errorf("bottom layer file owner: %d, want 100000", uid)
+	}
+	if uid := fileOwner(t, filepath.Join(target, "f500")); uid != 100000 {
+		t.Errorf("top layer file owner: %d, want 100000", uid)
+	}
+}
