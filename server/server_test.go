@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"context"
 	"net"
 	"os"
@@ -40,7 +41,7 @@ func serveOnSocket(t testing.TB, root string) (snapshots.Snapshotter, func() err
 	return client, func() error {
 		conn.Close()
 		Shutdown(context.Background(), srv, 0)
-		return sn.Close()
+		return errors.Join(sn.Close(), sn.UnmountViews())
 	}
 }
 
