@@ -10,7 +10,26 @@ import (
 	"testing"
 )
 
-// mountPoints returns the mount points of this mount namespace.
+// ownPrefixes are where a unit test binary mounts: t.TempDir() and the
+// conformance suite's directories. Other test binaries of the same
+// `go test ./...` run (the integration tests) mount elsewhere at the same
+// time and must not count as this binary's leaks.
+var ownPrefixes = []string{
+	os.TempDir() + "/Test",
+	os.TempDir() + "/snapshot-suite-",
+}
+
+func own(mp string) bool {
+	for _, p := range ownPrefixes {
+		if strings.HasPrefix(mp, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// mountPoints returns the mount points of this mount namespace that a
+// unit test of this binary could have made.
 func mountPoints() (map[string]int, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -18,7 +37,7 @@ func mountPoints() (map[string]int, error) {
 	}
 	out := map[string]int{}
 	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 {
+		if f := strings.Fields(line); len(f) > 4 && own(f[4]) {
 			out[f[4]]++
 		}
 	}
