@@ -1,0 +1,188 @@
+// Command demo shows grouped-snapshotter working under a real containerd:
+// it starts a local registry, the snapshotter daemon and a private
+// containerd, pulls a 50-layer image with --snapshotter grouped, runs a
+// container from it, shows that the container's rootfs is a single overlay
+// mount, lists the snapshots and removes everything again (also on Ctrl-C).
+//
+// Run it as root from the repository, after hack/install-tools.sh:
+//
+//	go run ./integration/cmd/demo
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+func main() {
+	layers := flag.Int("layers", 50, "layers in the demo image (3 to 500)")
+	snapshotter := flag.String("snapshotter", harness.SnapshotterGrouped,
+		"snapshotter to pull and run with: grouped, or overlayfs for comparison")
+	verbose := flag.Bool("v", false, "also print the harness's own setup steps")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *snapshotter, *layers, *verbose); err != nil {
+		if ctx.Err() != nil {
+			err = errors.New("interrupted")
+		}
+		fmt.Fprintf(os.Stderr, "\ndemo failed: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, snapshotter string, layers int, verbose bool) (err error) {
+	if layers < 3 || layers > 500 {
+		return fmt.Errorf("-layers %d: want 3 to 500", layers)
+	}
+	fmt.Printf("grouped-snapshotter demo: a %d-layer image under a private containerd, snapshotter %q\n", layers, snapshotter)
+	d := &demo{steps: 6}
+
+	d.step("Starting a local registry, the snapshotter daemon and a private containerd")
+	logf := func(string, ...any) {}
+	if verbose {
+		logf = func(format string, args ...any) { d.say("harness: "+format, args...) }
+	}
+	env, err := harness.Start(ctx, harness.Options{
+		Snapshotter: snapshotter,
+		Namespace:   fmt.Sprintf("gs-demo-%d", os.Getpid()),
+		Logf:        logf,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Println("\nCleaning up: containers, daemons, mounts and", env.Dir)
+		if cerr := env.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
+			return
+		}
+		fmt.Println("Done: nothing is left behind.")
+	}()
+	d.say("registry     http://%s", env.Registry.Host)
+	if s := env.Snapshotter; s != nil {
+		d.say("snapshotter  %s (root %s)", s.Address, s.Root)
+	}
+	d.say("containerd   %s, namespace %s", env.Containerd.Address, env.Namespace)
+	d.say("             registered as proxy plugin %q with capabilities remap-ids, rebase", snapshotter)
+	d.done()
+
+	d.step("Building a %d-layer busybox image with crane", layers)
+	spec := harness.ImageSpec{Name: "demo", Layers: layers}
+	ref, err := env.Registry.Image(ctx, spec)
+	if err != nil {
+		return err
+	}
+	d.say("%s: layer 1 is busybox, layers 2-%d add %s ... %s", ref, layers, harness.LayerFile(2), harness.LayerFile(layers))
+	d.done()
+
+	d.step("Pulling it through containerd's transfer service")
+	d.cmd("ctr images pull --snapshotter %s %s", snapshotter, ref)
+	if err := env.Pull(ctx, ref); err != nil {
+		return err
+	}
+	dirs, err := env.LayerDirs()
+	if err != nil {
+		return err
+	}
+	d.say("%d entries in %s: one directory per layer, side by side", len(dirs), env.LayerDir())
+	d.done()
+
+	d.step("Running a container that reads the file of layer %d", layers)
+	id := fmt.Sprintf("demo-%d", os.Getpid())
+	file := harness.LayerFile(layers)
+	d.cmd("ctr run --rm --snapshotter %s %s %s cat %s", snapshotter, ref, id+"-cat", file)
+	out, err := env.Ctr(ctx, "run", "--rm", "--snapshotter", snapshotter, ref, id+"-cat", "cat", file)
+	if err != nil {
+		return err
+	}
+	d.say("container says: %s", strings.TrimSpace(out))
+	d.done()
+
+	d.step("Inspecting the rootfs mount of a running container")
+	d.cmd("ctr run -d --snapshotter %s %s %s sleep 600", snapshotter, ref, id)
+	if _, err := env.Ctr(ctx, "run", "-d", "--null-io", "--snapshotter", snapshotter, ref, id, "sleep", "600"); err != nil {
+		return err
+	}
+	rootfs := env.TaskRootfs(id)
+	mounts, err := harness.MountsAt(rootfs)
+	if err != nil {
+		return err
+	}
+	d.say("mounts at %s: %d", rootfs, len(mounts))
+	for _, m := range mounts {
+		upper, _ := m.Option("upperdir")
+		lowers := m.Lowerdirs()
+		d.say("  %s with %d lowerdirs, mount options %d bytes (one page is %d)",
+			m.FSType, len(lowers), len(m.SuperOptions), os.Getpagesize())
+		if len(lowers) > 0 && !strings.HasPrefix(lowers[0], "/") {
+			d.say("  lowerdirs are relative to the layers' parent: the shim shortened them to fit a page")
+		}
+		d.say("  upperdir %s", upper)
+	}
+	d.done()
+
+	d.step("Listing the snapshots containerd knows for %q", snapshotter)
+	d.cmd("ctr snapshots --snapshotter %s ls", snapshotter)
+	snaps, err := env.Snapshots(ctx)
+	if err != nil {
+		return err
+	}
+	kinds := map[string]int{}
+	for _, s := range snaps {
+		kinds[s.Kind]++
+	}
+	d.say("%d snapshots: %d committed (the image's layers), %d active (the container's upper)",
+		len(snaps), kinds["Committed"], kinds["Active"])
+	for i, s := range snaps {
+		if i == 3 {
+			d.say("  ... %d more", len(snaps)-i)
+			break
+		}
+		d.say("  %-9s %s", s.Kind, short(s.Key))
+	}
+	if err := env.RemoveContainer(ctx, id); err != nil {
+		return err
+	}
+	d.done()
+	return nil
+}
+
+// demo prints numbered steps with their durations.
+type demo struct {
+	n, steps int
+	start    time.Time
+}
+
+func (d *demo) step(format string, args ...any) {
+	d.n++
+	d.start = time.Now()
+	fmt.Printf("\n[%d/%d] %s\n", d.n, d.steps, fmt.Sprintf(format, args...))
+}
+
+func (d *demo) cmd(format string, args ...any) {
+	fmt.Printf("      $ %s\n", fmt.Sprintf(format, args...))
+}
+func (d *demo) say(format string, args ...any) {
+	fmt.Printf("      %s\n", fmt.Sprintf(format, args...))
+}
+func (d *demo) done() {
+	fmt.Printf("      (%s)\n", time.Since(d.start).Round(time.Millisecond))
+}
+
+func short(key string) string {
+	if len(key) > 60 {
+		return key[:60] + "..."
+	}
+	return key
+}

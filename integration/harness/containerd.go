@@ -1,0 +1,127 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Containerd is a private containerd with its own root, state, sockets and
+// config.
+type Containerd struct {
+	// Root and State are containerd's root and state directories.
+	Root, State string
+	// Address is the gRPC socket.
+	Address string
+	// ConfigPath is the generated config.toml (version 3).
+	ConfigPath string
+	// HostsDir is the registry host configuration root (certs.d).
+	HostsDir string
+	// LogPath collects containerd's output.
+	LogPath string
+
+	bin  string
+	env  []string
+	proc *process
+}
+
+// configParams are the inputs of the generated containerd config.
+type configParams struct {
+	dir            string // scratch for opt/, tmp/, shim sockets
+	snapshotter    string // unpack snapshotter for the transfer service
+	proxyAddress   string // grouped-snapshotter socket; "" registers no proxy
+	proxyRoot      string
+	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
+	containerdRoot string
+	state          string
+	address        string
+}
+
+// disabledPlugins keeps CRI out of the private containerd: the tests drive
+// it with ctr only.
+var disabledPlugins = []string{
+	"io.containerd.grpc.v1.cri",
+	"io.containerd.cri.v1.images",
+	"io.containerd.cri.v1.runtime",
+	"io.containerd.podsandbox.controller.v1.podsandbox",
+}
+
+// renderConfig returns a containerd config (version 3) that keeps every
+// path the daemon writes under the harness's directory, disables CRI and NRI,
+// registers the grouped proxy snapshotter and unpacks pulls with snapshotter.
+func renderConfig(p configParams) string {
+	q := strconv.Quote
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = 3\nroot = %s\nstate = %s\ntemp = %s\nimports = []\n",
+		q(p.containerdRoot), q(p.state), q(filepath.Join(p.dir, "tmp")))
+	quoted := make([]string, len(disabledPlugins))
+	for i, name := range disabledPlugins {
+		quoted[i] = q(name)
+	}
+	fmt.Fprintf(&b, "disabled_plugins = [%s]\n\n", strings.Join(quoted, ", "))
+	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n\n")
+	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.grpc']\n  address = %s\n\n", q(p.address))
+	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.ttrpc']\n  address = %s\n\n", q(p.address+".ttrpc"))
+	if p.proxyAddress != "" {
+		fmt.Fprintf(&b, "[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = %s\n", q(p.proxyAddress))
+		fmt.Fprintf(&b, "  capabilities = [\"remap-ids\", \"rebase\"]\n")
+		fmt.Fprintf(&b, "  [proxy_plugins.grouped.exports]\n    root = %s\n\n", q(p.proxyRoot))
+	}
+	fmt.Fprintf(&b, "[plugins.'io.containerd.internal.v1.opt']\n  path = %s\n\n", q(filepath.Join(p.dir, "opt")))
+	fmt.Fprintf(&b, "[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n\n")
+	if p.shimSocketDir != "" {
+		fmt.Fprintf(&b, "[plugins.'io.containerd.shim.v1.manager']\n  socket_dir = %s\n\n", q(p.shimSocketDir))
+	}
+	fmt.Fprintf(&b, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\n")
+	fmt.Fprintf(&b, "  platform = \"linux/amd64\"\n  snapshotter = %s\n  differ = \"walking\"\n", q(p.snapshotter))
+	return b.String()
+}
+
+// writeHostsConfig makes containerd reach host over plain HTTP.
+func writeHostsConfig(hostsDir, host string) error {
+	dir := filepath.Join(hostsDir, host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create hosts dir: %w", err)
+	}
+	url := "http://" + host
+	cfg := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", url, url)
+	if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(cfg), 0o644); err != nil {
+		return fmt.Errorf("write hosts.toml: %w", err)
+	}
+	return nil
+}
+
+// start runs containerd and waits until ready succeeds.
+func (c *Containerd) start(ctx context.Context, ready func(context.Context) error) error {
+	proc, err := startProcess("containerd", c.LogPath, c.env, c.bin, "--config", c.ConfigPath)
+	if err != nil {
+		return err
+	}
+	c.proc = proc
+	return proc.waitReady(ctx, 30*time.Second, ready)
+}
+
+// stop ends containerd with SIGTERM (SIGKILL after a grace period).
+func (c *Containerd) stop() error {
+	if c.proc == nil {
+		return nil
+	}
+	return c.proc.stop(15 * time.Second)
+}
+
+// PID returns containerd's process id.
+func (c *Containerd) PID() int { return c.proc.PID() }
+
+// TaskBundle returns the runc v2 bundle directory of task id in namespace ns.
+func (c *Containerd) TaskBundle(ns, id string) string {
+	return filepath.Join(c.State, "io.containerd.runtime.v2.task", ns, id)
+}
+
+// OverlayfsDir is the built-in overlayfs snapshotter's snapshots directory.
+func (c *Containerd) OverlayfsDir() string {
+	return filepath.Join(c.Root, "io.containerd.snapshotter.v1.overlayfs", "snapshots")
+}

@@ -1,0 +1,225 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Snapshotter names an Env can unpack and run with.
+const (
+	// SnapshotterGrouped is the grouped-snapshotter daemon, as a proxy plugin.
+	SnapshotterGrouped = "grouped"
+	// SnapshotterOverlayfs is containerd's built-in overlayfs snapshotter; it
+	// lets the harness itself be checked without the daemon.
+	SnapshotterOverlayfs = "overlayfs"
+)
+
+// envCount numbers the Envs of this process, for unique namespaces.
+var envCount atomic.Int64
+
+// Options configure Start.
+type Options struct {
+	// Snapshotter is SnapshotterGrouped (default) or SnapshotterOverlayfs.
+	Snapshotter string
+	// Namespace is the containerd namespace ctr uses; it also names runc
+	// state and cgroups, so keep it unique. Default "gs-it-<pid>-<n>".
+	Namespace string
+	// TempRoot is where the Env's directory is created (default os.TempDir).
+	// Keep it short: unix socket paths must fit 108 bytes.
+	TempRoot string
+	// Logf, if set, receives one line per setup and teardown step.
+	Logf func(format string, args ...any)
+}
+
+// Env is one private registry + grouped-snapshotter + containerd.
+type Env struct {
+	// Dir holds everything the Env made; Close removes it.
+	Dir string
+	// Namespace is the containerd namespace of every ctr command.
+	Namespace string
+	// SnapshotterName is the snapshotter pulls and runs use.
+	SnapshotterName string
+	Tools           Tools
+	Registry        *Registry
+	// Snapshotter is the daemon; nil when SnapshotterName is overlayfs.
+	Snapshotter *Snapshotter
+	Containerd  *Containerd
+
+	logf      func(format string, args ...any)
+	hostState hostState
+	closed    bool
+}
+
+// Start builds and starts everything. On failure it removes what it made.
+func Start(ctx context.Context, opts Options) (env *Env, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the integration harness must run as root (it mounts overlays and runs containerd)")
+	}
+	if opts.Snapshotter == "" {
+		opts.Snapshotter = SnapshotterGrouped
+	}
+	if opts.Snapshotter != SnapshotterGrouped && opts.Snapshotter != SnapshotterOverlayfs {
+		return nil, fmt.Errorf("unknown snapshotter %q (want %q or %q)", opts.Snapshotter, SnapshotterGrouped, SnapshotterOverlayfs)
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = fmt.Sprintf("gs-it-%d-%d", os.Getpid(), envCount.Add(1))
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	repo, err := FindRepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	tools, err := FindTools(repo)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(opts.TempRoot, "gs-it-")
+	if err != nil {
+		return nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	// Containers in a user namespace must traverse to their rootfs.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.Remove(dir)
+		return nil, fmt.Errorf("chmod temp dir: %w", err)
+	}
+	e := &Env{
+		Dir:             dir,
+		Namespace:       opts.Namespace,
+		SnapshotterName: opts.Snapshotter,
+		Tools:           tools,
+		logf:            opts.Logf,
+		hostState:       recordHostState(),
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.Close())
+			env = nil
+		}
+	}()
+	if err := e.start(ctx, repo); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Env) start(ctx context.Context, repo string) error {
+	logs := filepath.Join(e.Dir, "logs")
+	if err := mkdirs(0o755, logs, filepath.Join(e.Dir, "bin")); err != nil {
+		return err
+	}
+	if e.SnapshotterName == SnapshotterGrouped {
+		e.logf("building grouped-snapshotter from %s", repo)
+		t0 := time.Now()
+		bin, err := buildSnapshotter(ctx, repo, filepath.Join(e.Dir, "bin"))
+		if err != nil {
+			return err
+		}
+		e.logf("built %s in %s", bin, since(t0))
+		e.Snapshotter = &Snapshotter{
+			Bin:        bin,
+			Root:       filepath.Join(e.Dir, "gs"),
+			Address:    filepath.Join(e.Dir, "gs.sock"),
+			ConfigPath: filepath.Join(e.Dir, "gs.toml"),
+			LogPath:    filepath.Join(logs, "grouped-snapshotter.log"),
+		}
+	}
+
+	reg, err := startRegistry(ctx, e.Tools, filepath.Join(e.Dir, "registry"), filepath.Join(logs, "registry.log"))
+	if err != nil {
+		return err
+	}
+	e.Registry = reg
+	e.logf("registry serving on http://%s (pid %d)", reg.Host, reg.proc.PID())
+
+	if s := e.Snapshotter; s != nil {
+		if err := s.Start(ctx); err != nil {
+			return err
+		}
+		e.logf("grouped-snapshotter serving on %s, root %s (pid %d)", s.Address, s.Root, s.PID())
+	}
+
+	if err := e.startContainerd(ctx); err != nil {
+		return err
+	}
+	e.logf("containerd serving on %s (pid %d), namespace %s, snapshotter %s",
+		e.Containerd.Address, e.Containerd.PID(), e.Namespace, e.SnapshotterName)
+	return nil
+}
+
+func (e *Env) startContainerd(ctx context.Context) error {
+	base := filepath.Join(e.Dir, "containerd")
+	c := &Containerd{
+		Root:       filepath.Join(base, "root"),
+		State:      filepath.Join(base, "state"),
+		Address:    filepath.Join(base, "containerd.sock"),
+		ConfigPath: filepath.Join(base, "config.toml"),
+		HostsDir:   filepath.Join(base, "certs.d"),
+		LogPath:    filepath.Join(e.Dir, "logs", "containerd.log"),
+		bin:        e.Tools.Path("containerd"),
+		// The shim is found on PATH and finds runc on PATH.
+		env: []string{"PATH=" + e.Tools.Dir + string(os.PathListSeparator) + os.Getenv("PATH")},
+	}
+	if err := mkdirs(0o755, base, filepath.Join(base, "opt"), filepath.Join(base, "tmp")); err != nil {
+		return err
+	}
+	p := configParams{
+		dir:            base,
+		snapshotter:    e.SnapshotterName,
+		containerdRoot: c.Root,
+		state:          c.State,
+		address:        c.Address,
+	}
+	// Shim socket paths are <dir>/<64 hex>; past 42 bytes keep the default.
+	if sock := filepath.Join(e.Dir, "s"); len(sock) <= 42 {
+		p.shimSocketDir = sock
+	}
+	if s := e.Snapshotter; s != nil {
+		p.proxyAddress, p.proxyRoot = s.Address, s.Root
+	}
+	if err := os.WriteFile(c.ConfigPath, []byte(renderConfig(p)), 0o644); err != nil {
+		return fmt.Errorf("write containerd config: %w", err)
+	}
+	if err := writeHostsConfig(c.HostsDir, e.Registry.Host); err != nil {
+		return err
+	}
+	e.Containerd = c
+	return c.start(ctx, func(ctx context.Context) error {
+		if _, err := e.Ctr(ctx, "version"); err != nil {
+			return err
+		}
+		// The proxy snapshotter answers through containerd.
+		_, err := e.Ctr(ctx, "snapshots", "--snapshotter", e.SnapshotterName, "ls")
+		return err
+	})
+}
+
+// Logf writes a line to the Env's logger.
+func (e *Env) Logf(format string, args ...any) { e.logf(format, args...) }
+
+// LogTail returns the last n lines of each daemon log, for failure reports.
+func (e *Env) LogTail(n int) string {
+	paths, _ := filepath.Glob(filepath.Join(e.Dir, "logs", "*.log"))
+	var b strings.Builder
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > n {
+			lines = lines[len(lines)-n:]
+		}
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, strings.Join(lines, "\n"))
+	}
+	return b.String()
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

@@ -1,0 +1,78 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Registry is a plain-HTTP OCI registry served by crane on 127.0.0.1.
+type Registry struct {
+	// Host is the registry's host:port, the prefix of its image references.
+	Host string
+
+	tools Tools
+	dir   string // blobs, image build scratch
+	proc  *process
+
+	mu     sync.Mutex
+	images map[string]string // ImageSpec key -> pushed reference
+}
+
+// startRegistry serves a registry on a free loopback port, storing blobs
+// under dir and logging to logPath, and waits until it answers /v2/.
+func startRegistry(ctx context.Context, tools Tools, dir, logPath string) (*Registry, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	host := fmt.Sprintf("127.0.0.1:%d", port)
+	blobs := filepath.Join(dir, "blobs")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		return nil, fmt.Errorf("create registry dir: %w", err)
+	}
+	proc, err := startProcess("registry", logPath, nil,
+		tools.Path("crane"), "registry", "serve", "--address", host, "--disk", blobs)
+	if err != nil {
+		return nil, err
+	}
+	r := &Registry{Host: host, tools: tools, dir: dir, proc: proc, images: map[string]string{}}
+	if err := proc.waitReady(ctx, 15*time.Second, r.ping); err != nil {
+		_ = proc.stop(5 * time.Second)
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Registry) ping(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.Host+"/v2/", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET /v2/: %s", resp.Status)
+	}
+	return nil
+}
+
+func (r *Registry) stop() error { return r.proc.stop(5 * time.Second) }
+
+// freePort asks the kernel for an unused loopback TCP port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
