@@ -1,8 +1,8 @@
 package server
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"

@@ -1,8 +1,8 @@
 package snapshot
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
