@@ -11,6 +11,12 @@ mkdir -p "$BIN" "$TOOLS_DIR/stamps"
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
 CRANE_VERSION=${CRANE_VERSION:-v0.22.1}
+# containerd v2.0.5: the last 2.0 release the module proxy serves from before
+# containerd idmapped once per mount instead of once per layer.
+CONTAINERD_OLD_VERSION=${CONTAINERD_OLD_VERSION:-v2.0.5}
+CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
+CNI_VERSION=${CNI_VERSION:-v1.9.0}
+NERDCTL_VERSION=${NERDCTL_VERSION:-v2.2.1}
 
 need_apt=()
 [ -e /usr/include/seccomp.h ] || need_apt+=(libseccomp-dev)
@@ -31,7 +37,8 @@ build() {
 		return 0
 	fi
 	echo "install-tools: building $name $version"
-	GOBIN="$BIN" GOFLAGS=-buildvcs=false CGO_ENABLED=1 go install ${tags:+-tags "$tags"} "$@"
+	mkdir -p "$BIN/${GOBIN_SUB:-}"
+	GOBIN="$BIN/${GOBIN_SUB:-}" GOFLAGS=-buildvcs=false CGO_ENABLED=1 go install ${tags:+-tags "$tags"} "$@"
 	echo "$version" >"$TOOLS_DIR/stamps/$name"
 }
 
@@ -41,5 +48,41 @@ build containerd "$CONTAINERD_VERSION" no_btrfs \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 build runc "$RUNC_VERSION" seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
 build crane "$CRANE_VERSION" "" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+GOBIN_SUB=cni build cni "$CNI_VERSION" "" \
+	"github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION" \
+	"github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION" \
+	"github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_VERSION"
+
+# build_module NAME MODULE VERSION OUTDIR TAGS PKG... builds from a copy of a
+# module whose go.mod `go install` refuses (exclude or replace directives).
+build_module() {
+	local name=$1 module=$2 version=$3 out=$4 tags=$5
+	shift 5
+	if [ "$(cat "$TOOLS_DIR/stamps/$name" 2>/dev/null)" = "$version" ]; then
+		return 0
+	fi
+	echo "install-tools: building $name $version from a module copy"
+	local src
+	src=$(GOFLAGS=-mod=mod go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[ -n "$src" ] || { echo "install-tools: cannot download $module@$version" >&2; exit 1; }
+	local work="$TOOLS_DIR/src/$name"
+	rm -rf "$work"
+	mkdir -p "$work" "$out"
+	cp -r "$src/." "$work/"
+	chmod -R u+w "$work"
+	if [ -n "${PREPARE:-}" ]; then (cd "$work" && eval "$PREPARE"); fi
+	(cd "$work" && GOFLAGS=-buildvcs=false CGO_ENABLED=1 go build -mod=mod ${tags:+-tags "$tags"} -o "$out/" "$@")
+	rm -rf "$work"
+	echo "$version" >"$TOOLS_DIR/stamps/$name"
+}
+
+build_module containerd-old github.com/containerd/containerd/v2 "$CONTAINERD_OLD_VERSION" \
+	"$TOOLS_DIR/containerd-$CONTAINERD_OLD_VERSION/bin" no_btrfs \
+	./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2
+# nerdctl's module refers to a sibling module (tigron) only its repository
+# has, and one test helper needs it: stub the module, drop the helper.
+PREPARE='mkdir -p mod/tigron && printf "module github.com/containerd/nerdctl/mod/tigron\n\ngo 1.24\n" >mod/tigron/go.mod && rm -f cmd/nerdctl/helpers/testing_linux.go' \
+	build_module nerdctl github.com/containerd/nerdctl/v2 "$NERDCTL_VERSION" "$BIN" "" ./cmd/nerdctl
 
 echo "install-tools: tools in $BIN"
