@@ -83,6 +83,7 @@ type Snapshotter struct {
 	idmap   IDMapMode
 	options []string
 	views   *mountgroup.Views // nil in shim mode
+	startup StartupReport
 
 	closeOnce sync.Once
 	closeErr  error
@@ -168,10 +169,10 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 			ms.Close()
 			return nil, err
 		}
-		if err := s.reconcileViews(context.Background()); err != nil {
-			ms.Close()
-			return nil, err
-		}
+	}
+	if err := s.reconcile(context.Background()); err != nil {
+		ms.Close()
+		return nil, err
 	}
 	return s, nil
 }
@@ -720,7 +721,8 @@ func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
 	// A write transaction keeps creations and removals out while scanning.
 	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
 		ids, err := storage.IDMap(ctx)
-		if err != nil {
+		if err != nil && !errdefs.IsNotFound(err) {
+			// NotFound: a new metadata file, without a snapshot yet.
 			return err
 		}
 		for _, dir := range []string{layersDir, worksDir, tempDir} {

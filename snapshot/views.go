@@ -200,9 +200,10 @@ func freeViewName(views *bolt.Bucket) (string, error) {
 }
 
 // reconcileViews runs at start: it drops registry users whose snapshot no
-// longer exists or is committed, and unmounts views no snapshot uses.
-// Views in use are left as they are and verified when next needed.
-func (s *Snapshotter) reconcileViews(ctx context.Context) error {
+// longer exists or is committed, and unmounts views no snapshot uses. It
+// returns the names of the views it unmounted. Views in use are left as they
+// are and verified when next needed.
+func (s *Snapshotter) reconcileViews(ctx context.Context) ([]string, error) {
 	var registered map[string]string
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		ids, err := storage.IDMap(ctx)
@@ -226,20 +227,22 @@ func (s *Snapshotter) reconcileViews(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reconcile views: %w", err)
+		return nil, fmt.Errorf("reconcile views: %w", err)
 	}
 	names, err := s.views.Names()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var removed []string
 	for _, name := range names {
 		if _, ok := registered[name]; ok {
 			continue
 		}
 		if err := s.views.Remove(name); err != nil {
-			return fmt.Errorf("remove stale view %q: %w", name, err)
+			return removed, fmt.Errorf("remove stale view %q: %w", name, err)
 		}
-		log.G(ctx).WithField("view", name).Info("removed stale view no snapshot uses")
+		log.G(ctx).WithField("view", s.views.Path(name)).Info("removed stale view no snapshot uses")
+		removed = append(removed, name)
 	}
-	return nil
+	return removed, nil
 }

@@ -1,0 +1,57 @@
+package snapshot
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/containerd/log"
+)
+
+// StartupReport says what New repaired before the snapshotter served.
+type StartupReport struct {
+	// OrphansRemoved are the directories under l/, w/ and t/ that no
+	// snapshot owned: creations and removals a crash cut short.
+	OrphansRemoved []string
+	// ViewsRemoved are the names of views under v/ that were mounted but
+	// that no active or view snapshot used any more.
+	ViewsRemoved []string
+}
+
+// reconcile repairs what a crash can leave behind, before anything is
+// served: directories without metadata (the metadata is the truth, and
+// creation and removal order their steps so that a crash leaves only such
+// directories) and views without users. It recreates nothing: views of
+// snapshots in use are verified, or made again, when Mounts next needs them.
+func (s *Snapshotter) reconcile(ctx context.Context) error {
+	orphans, err := s.Orphans(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile at start: %w", err)
+	}
+	for _, dir := range orphans {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("reconcile at start: remove orphaned directory %q: %w", dir, err)
+		}
+		log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
+		s.startup.OrphansRemoved = append(s.startup.OrphansRemoved, dir)
+	}
+	if s.views != nil {
+		removed, err := s.reconcileViews(ctx)
+		s.startup.ViewsRemoved = removed
+		if err != nil {
+			return err
+		}
+	}
+	log.G(ctx).WithField("orphans_removed", len(s.startup.OrphansRemoved)).
+		WithField("views_removed", len(s.startup.ViewsRemoved)).
+		Info("startup reconciliation done")
+	return nil
+}
+
+// Startup returns what New repaired at start.
+func (s *Snapshotter) Startup() StartupReport {
+	return StartupReport{
+		OrphansRemoved: append([]string(nil), s.startup.OrphansRemoved...),
+		ViewsRemoved:   append([]string(nil), s.startup.ViewsRemoved...),
+	}
+}

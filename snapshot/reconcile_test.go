@@ -1,0 +1,111 @@
+package snapshot
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestStartupReconciliation leaves what a crash leaves (a half-made
+// temporary directory, upper and work directories without metadata, a view
+// whose last user is gone, a view of a live snapshot that was unmounted) and
+// checks that the next start removes exactly the leftovers, reports them,
+// and mounts nothing in advance.
+func TestStartupReconciliation(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.ViewsRemoved) != 0 {
+		t.Errorf("a fresh root reported repairs: %+v", r)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "live", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
+		t.Fatal(err)
+	}
+	views := viewMounts(t, sn)
+	if len(views) != 2 {
+		t.Fatalf("want 2 views, got %v", views)
+	}
+	if err := sn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// "gone" leaves the registry (shim mode does not touch mounts): its
+	// view stays mounted with no user, as after a crash between the
+	// metadata commit and the unmount.
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneDirs, err := shim.Orphans(ctx)
+	if err != nil || len(goneDirs) != 0 {
+		t.Fatalf("orphans before the simulated crash: %v %v", goneDirs, err)
+	}
+	if err := shim.Remove(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	shim.Close()
+	// The view of "live" was unmounted by someone: start must not remount it.
+	if err := unix.Unmount(views[0], unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	live := listTree(t, root)
+	leftovers := []string{
+		filepath.Join(root, tempDir, "new-123456"),
+		filepath.Join(root, layersDir, "zz"),
+		filepath.Join(root, worksDir, "zz"),
+	}
+	for _, dir := range leftovers {
+		if err := os.MkdirAll(filepath.Join(dir, "fs", "half"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	sn, err = New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := sn.Startup()
+	if got := strings.Join(report.ViewsRemoved, " "); got != filepath.Base(views[1]) {
+		t.Errorf("views removed at start: %q, want %q", got, filepath.Base(views[1]))
+	}
+	for _, dir := range leftovers {
+		if !slices.Contains(report.OrphansRemoved, dir) {
+			t.Errorf("leftover %s not reported removed: %v", dir, report.OrphansRemoved)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("leftover %s still there (%v)", dir, err)
+		}
+	}
+	// Remove deleted "gone"'s directories itself; only the leftovers and
+	// nothing of a live snapshot may have gone at start.
+	if len(report.OrphansRemoved) != len(leftovers) {
+		t.Errorf("start removed %d directories, want %d: %v", len(report.OrphansRemoved), len(leftovers), report.OrphansRemoved)
+	}
+	after := listTree(t, root)
+	for _, p := range live {
+		if !slices.Contains(after, p) && !strings.HasPrefix(p, viewsDir+"/") {
+			t.Errorf("start removed live path %s", p)
+		}
+	}
+	if got := viewMounts(t, sn); len(got) != 0 {
+		t.Errorf("start mounted views eagerly: %v", got)
+	}
+	if _, err := sn.Mounts(ctx, "live"); err != nil {
+		t.Fatal(err)
+	}
+	if got := viewMounts(t, sn); len(got) != 1 {
+		t.Errorf("Mounts did not make the view of a live snapshot again: %v", got)
+	}
+}
