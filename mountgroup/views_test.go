@@ -180,3 +180,17 @@ func TestViewsDirIsPrivate(t *testing.T) {
 	}
 	t.Fatalf("views dir %q is not a mount point", v.Dir())
 }
+
+func TestProbes(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	if err := ProbeOverlay(dir); err != nil {
+		t.Errorf("ProbeOverlay: %v", err)
+	}
+	if err := ProbeIDMappedMount(dir); err != nil {
+		t.Errorf("ProbeIDMappedMount: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("probes left %d entries behind", len(entries))
+	}
+}

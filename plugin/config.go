@@ -40,6 +40,9 @@ type Config struct {
 	MountOptions []string `toml:"mount_options"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
+	// MetricsAddress serves Prometheus /metrics: "" (off), "host:port", or
+	// "unix:///path".
+	MetricsAddress string `toml:"metrics_address"`
 }
 
 // DefaultConfig returns the built-in defaults, used when no file exists.
@@ -84,6 +87,14 @@ func LoadConfig(path string) (Config, error) {
 func (c Config) Validate() error {
 	if c.RootPath == "" || c.RootPath[0] != '/' {
 		return fmt.Errorf("root_path %q must be an absolute path: %w", c.RootPath, errdefs.ErrInvalidArgument)
+	}
+	if c.Address == "" || c.Address[0] != '/' {
+		return fmt.Errorf("address %q must be an absolute socket path: %w", c.Address, errdefs.ErrInvalidArgument)
+	}
+	switch c.LogLevel {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
 	case snapshot.IDMapView, snapshot.IDMapShim:

@@ -23,7 +23,7 @@ func init() {
 	registry.Register(&plugin.Registration{
 		Type:   plugins.SnapshotPlugin,
 		ID:     Name,
-		Config: &Config{IDMap: string(snapshot.IDMapView)},
+		Config: inProcessDefaults(),
 		InitFn: func(ic *plugin.InitContext) (any, error) {
 			cfg, ok := ic.Config.(*Config)
 			if !ok {
@@ -41,4 +41,12 @@ func init() {
 			return snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
 		},
 	})
+}
+
+// inProcessDefaults are the daemon's defaults with no root of its own: in
+// process, containerd gives the plugin its root unless root_path is set.
+func inProcessDefaults() *Config {
+	c := DefaultConfig()
+	c.RootPath = ""
+	return &c
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // maxSocketPath is sun_path's size minus the terminating NUL.
@@ -78,11 +80,18 @@ func removeStaleSocket(address string) error {
 }
 
 // NewGRPCServer returns a gRPC server with sn registered as containerd's
-// snapshots service.
-func NewGRPCServer(sn snapshots.Snapshotter) *grpc.Server {
+// snapshots service, the standard health service (NOT_SERVING until the
+// caller marks it serving) and, when admin is not nil, the admin service.
+func NewGRPCServer(sn snapshots.Snapshotter, admin Admin) (*grpc.Server, *health.Server) {
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
-	return srv
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	if admin != nil {
+		registerAdmin(srv, admin)
+	}
+	return srv, hs
 }
 
 // Shutdown lets in-flight calls finish, up to timeout, then stops srv.

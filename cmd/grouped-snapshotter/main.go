@@ -1,5 +1,5 @@
 // Command grouped-snapshotter runs the grouped snapshotter as a containerd
-// proxy plugin: it serves containerd's snapshots gRPC API on a unix socket.
+// proxy plugin (serve, the default) and administers a running one.
 package main
 
 import (
@@ -21,10 +21,24 @@ func main() {
 		Action:  serve,
 		Commands: []*cli.Command{
 			{Name: "serve", Usage: "run the daemon (the default)", Flags: serveFlags(), Action: serve},
+			checkCommand(),
+			lsCommand(),
+			usageCommand(),
+			viewsCommand(),
+			gcCommand(),
+			configCommand(),
+			versionCommand(),
 		},
+		// urfave/cli prints errors itself only for some cases; do it once here.
+		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	if err := app.Run(os.Args); err != nil {
-		fmt.Fprintf(os.Stderr, "grouped-snapshotter: %v\n", err)
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintf(os.Stderr, "grouped-snapshotter: %s\n", msg)
+		}
+		if code, ok := err.(cli.ExitCoder); ok {
+			os.Exit(code.ExitCode())
+		}
 		os.Exit(1)
 	}
 }
@@ -36,5 +50,15 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "address", Usage: "unix socket to serve on (overrides address)"},
 		&cli.StringFlag{Name: "log-level", Usage: "trace, debug, info, warn or error (overrides log_level)"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+		&cli.StringFlag{Name: "metrics-address", Usage: `Prometheus endpoint: "host:port" or "unix:///path"; "" disables (overrides metrics_address)`},
 	}
+}
+
+// clientFlags are the flags of commands that talk to a running daemon.
+func clientFlags(extra ...cli.Flag) []cli.Flag {
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "config", Usage: "configuration file naming the daemon's address (default " + defaultConfigPath + " if it exists)"},
+		&cli.StringFlag{Name: "address", Usage: "the daemon's socket (overrides the config file)"},
+		&cli.BoolFlag{Name: "json", Usage: "print JSON instead of a table"},
+	}, extra...)
 }

@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/urfave/cli/v2"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
@@ -48,6 +51,9 @@ func loadConfig(c *cli.Context) (plugin.Config, error) {
 	if v := c.String("log-level"); v != "" {
 		cfg.LogLevel = v
 	}
+	if c.IsSet("metrics-address") {
+		cfg.MetricsAddress = c.String("metrics-address")
+	}
 	return cfg, cfg.Validate()
 }
 
@@ -62,6 +68,27 @@ func setupLogging(level, format string) error {
 		return log.SetFormat(log.JSONFormat)
 	}
 	return fmt.Errorf("log format %q must be text or json", format)
+}
+
+// daemonAdmin answers the admin CLI's questions about the running daemon.
+type daemonAdmin struct {
+	sn  *snapshot.Snapshotter
+	cfg plugin.Config
+}
+
+func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
+	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
+}
+func (a daemonAdmin) Views(ctx context.Context) ([]snapshot.ViewInfo, error) { return a.sn.Views(ctx) }
+func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error)          { return a.sn.Orphans(ctx) }
+func (a daemonAdmin) Cleanup(ctx context.Context) error                      { return a.sn.Cleanup(ctx) }
+
+// notify tells systemd about the daemon's state; outside systemd it does
+// nothing.
+func notify(ctx context.Context, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		log.G(ctx).WithError(err).Warn("sd_notify")
+	}
 }
 
 func serve(c *cli.Context) error {
@@ -84,18 +111,29 @@ func serve(c *cli.Context) error {
 			log.G(ctx).WithError(err).Error("close metadata")
 		}
 	}()
+	m := metrics.New(sn)
+	if cfg.MetricsAddress != "" {
+		if err := m.Serve(ctx, cfg.MetricsAddress); err != nil {
+			return fmt.Errorf("serve metrics on %q: %w", cfg.MetricsAddress, err)
+		}
+	}
 	l, err := server.Listen(cfg.Address)
 	if err != nil {
 		return err
 	}
-	srv := server.NewGRPCServer(sn)
+	srv, health := server.NewGRPCServer(m.Instrument(sn), daemonAdmin{sn: sn, cfg: cfg})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
-	log.G(ctx).WithField("address", cfg.Address).WithField("root", cfg.RootPath).WithField("idmap", cfg.IDMap).Info("grouped-snapshotter serving")
+	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	notify(ctx, daemon.SdNotifyReady)
+	log.G(ctx).WithField("address", cfg.Address).WithField("root", cfg.RootPath).WithField("idmap", cfg.IDMap).
+		WithField("metrics", cfg.MetricsAddress).WithField("version", version).Info("grouped-snapshotter serving")
 
 	select {
 	case <-ctx.Done():
 		log.G(ctx).Info("shutting down: waiting for in-flight calls")
+		notify(ctx, daemon.SdNotifyStopping)
+		health.Shutdown()
 		server.Shutdown(context.Background(), srv, shutdownTimeout)
 		<-serveErr
 	case err := <-serveErr:

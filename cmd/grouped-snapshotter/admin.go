@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/pelletier/go-toml/v2"
+	"github.com/urfave/cli/v2"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/server"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
+)
+
+// snapshotRow is one line of `ls`.
+type snapshotRow struct {
+	Key    string `json:"key"`
+	Kind   string `json:"kind"`
+	Parent string `json:"parent"`
+	Layers int    `json:"layers"`
+	Size   int64  `json:"size"`
+	Inodes int64  `json:"inodes"`
+}
+
+func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow, error) {
+	var infos []snapshots.Info
+	if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		infos = append(infos, info)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	parents := make(map[string]string, len(infos))
+	for _, info := range infos {
+		parents[info.Name] = info.Parent
+	}
+	rows := make([]snapshotRow, 0, len(infos))
+	for _, info := range infos {
+		// A snapshot's layers are its parents plus itself.
+		layers := 1
+		for p := info.Parent; p != "" && layers <= len(infos); p = parents[p] {
+			layers++
+		}
+		row := snapshotRow{Key: info.Name, Kind: info.Kind.String(), Parent: info.Parent, Layers: layers}
+		if u, err := sn.Usage(ctx, info.Name); err == nil {
+			row.Size, row.Inodes = u.Size, u.Inodes
+		}
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Key < rows[j].Key })
+	return rows, nil
+}
+
+func lsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "ls",
+		Usage: "list snapshots: key, kind, parent, layers, size",
+		Flags: clientFlags(),
+		Action: func(c *cli.Context) error {
+			d, err := dial(c)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			rows, err := listSnapshots(c.Context, d.snapshotter())
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				return printJSON(rows)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "KEY\tKIND\tPARENT\tLAYERS\tSIZE")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
+			}
+			return w.Flush()
+		},
+	}
+}
+
+// usageReport is the output of `usage`.
+type usageReport struct {
+	Snapshots map[string]int   `json:"snapshots"`
+	Bytes     map[string]int64 `json:"bytes"`
+	Total     int64            `json:"total_bytes"`
+}
+
+func usageCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "usage",
+		Usage: "disk usage by snapshot kind",
+		Flags: clientFlags(),
+		Action: func(c *cli.Context) error {
+			d, err := dial(c)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			rows, err := listSnapshots(c.Context, d.snapshotter())
+			if err != nil {
+				return err
+			}
+			rep := usageReport{Snapshots: map[string]int{}, Bytes: map[string]int64{}}
+			for _, r := range rows {
+				rep.Snapshots[r.Kind]++
+				rep.Bytes[r.Kind] += r.Size
+				rep.Total += r.Size
+			}
+			if c.Bool("json") {
+				return printJSON(rep)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "KIND\tSNAPSHOTS\tSIZE")
+			for _, k := range []string{"Committed", "Active", "View"} {
+				fmt.Fprintf(w, "%s\t%d\t%s\n", k, rep.Snapshots[k], humanBytes(rep.Bytes[k]))
+			}
+			fmt.Fprintf(w, "total\t%d\t%s\n", len(rows), humanBytes(rep.Total))
+			return w.Flush()
+		},
+	}
+}
+
+func viewsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "views",
+		Usage: "list the idmapped views: mapping, users, mount point",
+		Flags: clientFlags(),
+		Action: func(c *cli.Context) error {
+			d, err := dial(c)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			var views []snapshot.ViewInfo
+			if err := server.CallAdmin(c.Context, d.conn, "Views", &views); err != nil {
+				return fmt.Errorf("list views: %w", err)
+			}
+			if c.Bool("json") {
+				if views == nil {
+					views = []snapshot.ViewInfo{}
+				}
+				return printJSON(views)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "VIEW\tUIDMAP\tGIDMAP\tUSERS\tMOUNTPOINT\tMOUNTED")
+			for _, v := range views {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", v.Name, v.UIDMap, v.GIDMap, v.Users, v.Path, v.Mounted)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func gcCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "remove directories no snapshot owns (what Cleanup removes)",
+		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed"}),
+		Action: func(c *cli.Context) error {
+			d, err := dial(c)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			method := "Cleanup"
+			if c.Bool("dry-run") {
+				method = "Orphans"
+			}
+			var paths []string
+			if err := server.CallAdmin(c.Context, d.conn, method, &paths); err != nil {
+				return fmt.Errorf("gc: %w", err)
+			}
+			if paths == nil {
+				paths = []string{}
+			}
+			if c.Bool("json") {
+				return printJSON(map[string]any{"dry_run": c.Bool("dry-run"), "paths": paths})
+			}
+			verb := "removed"
+			if c.Bool("dry-run") {
+				verb = "would remove"
+			}
+			for _, p := range paths {
+				fmt.Printf("%s %s\n", verb, p)
+			}
+			fmt.Printf("%d orphaned directories %s\n", len(paths), verb)
+			return nil
+		},
+	}
+}
+
+func configCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "config",
+		Usage: "configuration helpers",
+		Subcommands: []*cli.Command{{
+			Name:  "default",
+			Usage: "print the built-in default configuration as TOML",
+			Action: func(c *cli.Context) error {
+				out, err := toml.Marshal(plugin.DefaultConfig())
+				if err != nil {
+					return err
+				}
+				_, err = os.Stdout.Write(out)
+				return err
+			},
+		}},
+	}
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the client's and, if it answers, the daemon's version",
+		Flags: clientFlags(),
+		Action: func(c *cli.Context) error {
+			fmt.Printf("grouped-snapshotter %s\n", version)
+			d, err := dial(c)
+			if err != nil {
+				fmt.Printf("daemon: not reachable (%v)\n", err)
+				return nil
+			}
+			defer d.Close()
+			var info server.DaemonInfo
+			if err := server.CallAdmin(c.Context, d.conn, "Info", &info); err != nil {
+				return err
+			}
+			fmt.Printf("daemon: %s (pid %d, root %s, idmap %s)\n", info.Version, info.PID, info.Root, info.IDMap)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
+)
+
+func checkCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "check",
+		Usage: "preflight: can this node run grouped-snapshotter, and is containerd set up for it? (exit 1 on any failure)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "config", Usage: "configuration file (default " + defaultConfigPath + " if it exists)"},
+			&cli.StringFlag{Name: "root", Usage: "the daemon's root (overrides the config file)"},
+			&cli.StringFlag{Name: "address", Usage: "the daemon's socket (overrides the config file)"},
+			&cli.StringFlag{Name: "containerd-address", Value: "/run/containerd/containerd.sock", Usage: "containerd's gRPC socket"},
+			&cli.StringFlag{Name: "containerd-config", Value: "/etc/containerd/config.toml", Usage: "containerd's config file (imports are followed)"},
+			&cli.StringFlag{Name: "name", Value: plugin.Name, Usage: "the snapshotter's name in containerd's proxy_plugins"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			results := preflight.Run(c.Context, preflight.Options{
+				Name:              c.String("name"),
+				Root:              cfg.RootPath,
+				Address:           cfg.Address,
+				IDMap:             cfg.IDMap,
+				ContainerdAddress: c.String("containerd-address"),
+				ContainerdConfig:  c.String("containerd-config"),
+				MinFreeBytes:      2 << 30,
+				DaemonAnswers: func(ctx context.Context, address string) error {
+					d, err := dialAddress(ctx, address)
+					if err != nil {
+						return err
+					}
+					return d.Close()
+				},
+			})
+			if c.Bool("json") {
+				if err := printJSON(results); err != nil {
+					return err
+				}
+			} else {
+				for _, r := range results {
+					fmt.Printf("%-4s  %-18s %s\n", r.Status, r.Name, r.Detail)
+				}
+			}
+			if preflight.Failed(results) {
+				return cli.Exit("", 1)
+			}
+			return nil
+		},
+	}
+}

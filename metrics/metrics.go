@@ -1,0 +1,139 @@
+// Package metrics instruments a snapshotter with Prometheus metrics: call
+// counts, errors and latencies per operation, the shape of returned mounts,
+// snapshots by kind, disk usage, views and the mount syscalls the
+// snapshotter made itself.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/log"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
+)
+
+const namespace = "grouped_snapshotter"
+
+// Metrics holds the collectors of one snapshotter.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	ops       *prometheus.CounterVec
+	errs      *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	layers    prometheus.Histogram
+	lowerdirs prometheus.Histogram
+}
+
+// New registers the metrics of sn in a new registry.
+func New(sn *snapshot.Snapshotter) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "operations_total", Help: "Snapshotter calls by operation.",
+		}, []string{"operation"}),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "operation_errors_total", Help: "Snapshotter calls that failed, by operation.",
+		}, []string{"operation"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "operation_duration_seconds", Help: "Latency of snapshotter calls.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}, []string{"operation"}),
+		layers: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "mount_layers", Help: "Lower layers per returned mount.",
+			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500},
+		}),
+		lowerdirs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "mount_lowerdir_bytes", Help: "Bytes of the lowerdir option per returned mount, as the shim passes it to the kernel.",
+			Buckets: []float64{64, 256, 512, 1024, 2048, 3072, 3584, 4095},
+		}),
+	}
+	m.Registry.MustRegister(m.ops, m.errs, m.latency, m.layers, m.lowerdirs,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "mount_syscalls_total",
+			Help: "Mount-family syscalls the snapshotter made itself (views; container mounts are the shim's).",
+		}, func() float64 { return float64(sn.MountSyscalls()) }),
+		&stateCollector{sn: sn},
+	)
+	return m
+}
+
+// Instrument wraps sn so that every call is counted and timed.
+func (m *Metrics) Instrument(sn snapshots.Snapshotter) snapshots.Snapshotter {
+	return &instrumented{Snapshotter: sn, m: m}
+}
+
+// done records a call of op that started at start; err is read when the
+// deferred call runs, so it sees the named result's final value.
+func (m *Metrics) done(op string, start time.Time, err *error) {
+	m.ops.WithLabelValues(op).Inc()
+	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if *err != nil {
+		m.errs.WithLabelValues(op).Inc()
+	}
+}
+
+func (m *Metrics) observeMounts(mounts []mount.Mount) {
+	for _, mt := range mounts {
+		switch mt.Type {
+		case "overlay":
+			m.layers.Observe(float64(mountgroup.LowerCount(mt)))
+			data, _ := mountgroup.ShimMountData(mt, unix.Getpagesize())
+			for _, o := range strings.Split(data, ",") {
+				if strings.HasPrefix(o, "lowerdir=") {
+					m.lowerdirs.Observe(float64(len(o)))
+				}
+			}
+		case "bind":
+			m.layers.Observe(1)
+		}
+	}
+}
+
+// Serve serves /metrics on address until ctx ends: "host:port" for TCP or
+// "unix:///path" for a unix socket (mode 0600).
+func (m *Metrics) Serve(ctx context.Context, address string) error {
+	var (
+		l   net.Listener
+		err error
+	)
+	if path, ok := strings.CutPrefix(address, "unix://"); ok {
+		_ = unix.Unlink(path)
+		if l, err = net.Listen("unix", path); err == nil {
+			err = unix.Chmod(path, 0o600)
+		}
+	} else {
+		l, err = net.Listen("tcp", address)
+	}
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.G(ctx).WithError(err).Error("metrics server stopped")
+		}
+	}()
+	return nil
+}

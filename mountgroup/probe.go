@@ -1,0 +1,108 @@
+package mountgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+)
+
+// probeMapping is an arbitrary mapping for probes; only its shape matters.
+var probeMapping = &idmap.Mapping{
+	UIDs: []idmap.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
+	GIDs: []idmap.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
+}
+
+// ProbeIDMappedMount makes a real read-only idmapped mount of a fresh
+// directory inside dir, checks that a root-owned file shows up as the mapped
+// root through it, and removes everything again. It answers whether views
+// can work on dir's filesystem, which depends on the filesystem, the kernel
+// and the mount namespace, not on a version number.
+func ProbeIDMappedMount(dir string) (retErr error) {
+	td, err := os.MkdirTemp(dir, "probe-idmap-")
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, os.RemoveAll(td)) }()
+	src, target := filepath.Join(td, "src"), filepath.Join(td, "view")
+	for _, d := range []string{src, target} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
+		return err
+	}
+	userns, err := userNamespace(probeMapping)
+	if err != nil {
+		return err
+	}
+	defer userns.Close()
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree: %w", err)
+	}
+	defer unix.Close(tree)
+	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(userns.Fd()), Propagation: unix.MS_PRIVATE}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP: %w", err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
+	}
+	defer func() {
+		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("unmount probe: %w", err))
+		}
+	}()
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(target, "f"), &st); err != nil {
+		return err
+	}
+	if st.Uid != 100000 || st.Gid != 100000 {
+		return fmt.Errorf("a root-owned file shows as %d:%d through the idmapped mount, want 100000:100000", st.Uid, st.Gid)
+	}
+	return nil
+}
+
+// ProbeOverlay mounts an overlay of two lower directories and an upper
+// inside dir, checks that both lowers' files are visible, and removes
+// everything again.
+func ProbeOverlay(dir string) (retErr error) {
+	td, err := os.MkdirTemp(dir, "probe-overlay-")
+	if err != nil {
+		return err
+	}
+	defer func() { retErr = errors.Join(retErr, os.RemoveAll(td)) }()
+	dirs := map[string]string{}
+	for _, d := range []string{"l1", "l2", "u", "w", "m"} {
+		dirs[d] = filepath.Join(td, d)
+		if err := os.Mkdir(dirs[d], 0o700); err != nil {
+			return err
+		}
+	}
+	for _, l := range []string{"l1", "l2"} {
+		if err := os.WriteFile(filepath.Join(dirs[l], l), nil, 0o600); err != nil {
+			return err
+		}
+	}
+	data := fmt.Sprintf("lowerdir=%s:%s,upperdir=%s,workdir=%s", dirs["l1"], dirs["l2"], dirs["u"], dirs["w"])
+	if err := unix.Mount("overlay", dirs["m"], "overlay", 0, data); err != nil {
+		return fmt.Errorf("mount overlay with two lowerdirs: %w", err)
+	}
+	defer func() {
+		if err := unix.Unmount(dirs["m"], unix.MNT_DETACH); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("unmount probe: %w", err))
+		}
+	}()
+	for _, l := range []string{"l1", "l2"} {
+		if _, err := os.Stat(filepath.Join(dirs["m"], l)); err != nil {
+			return fmt.Errorf("file of lower %s not visible through the overlay: %w", l, err)
+		}
+	}
+	return nil
+}

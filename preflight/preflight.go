@@ -1,0 +1,204 @@
+// Package preflight checks that a node can run grouped-snapshotter and that
+// containerd is set up to use it: kernel features probed with real mounts,
+// the root's filesystem, cgroups, containerd's version and configuration,
+// and the daemon's socket.
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+)
+
+// Status is the outcome of one check.
+type Status string
+
+const (
+	OK   Status = "ok"
+	Warn Status = "warn"
+	Fail Status = "fail"
+)
+
+// Result is one check's outcome.
+type Result struct {
+	Name   string `json:"name"`
+	Status Status `json:"status"`
+	Detail string `json:"detail"`
+}
+
+// Options say what to check.
+type Options struct {
+	// Name is the snapshotter's name in containerd's proxy_plugins.
+	Name string
+	// Root and Address are the daemon's root and socket.
+	Root, Address string
+	// IDMap is the configured idmap mode ("view" or "shim").
+	IDMap string
+	// ContainerdAddress is containerd's gRPC socket.
+	ContainerdAddress string
+	// ContainerdConfig is containerd's main config file.
+	ContainerdConfig string
+	// MinFreeBytes is the free space below which the root check warns.
+	MinFreeBytes uint64
+	// DaemonAnswers reports whether the daemon's socket answers.
+	DaemonAnswers func(ctx context.Context, address string) error
+}
+
+// Run runs every check in order.
+func Run(ctx context.Context, o Options) []Result {
+	var results []Result
+	add := func(name string, status Status, format string, args ...any) {
+		results = append(results, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
+	}
+	probeDir, cleanup, err := scratchDir(o.Root)
+	if err != nil {
+		add("root", Fail, "cannot use %s: %v", o.Root, err)
+	} else {
+		defer cleanup()
+	}
+
+	if fsList, err := os.ReadFile("/proc/filesystems"); err != nil || !strings.Contains(string(fsList), "\toverlay\n") {
+		// The module may load on first mount: let the probe decide.
+		add("overlayfs", Warn, "overlay is not in /proc/filesystems yet (module not loaded?)")
+	} else {
+		add("overlayfs", OK, "kernel has overlayfs")
+	}
+	if probeDir != "" {
+		if err := mountgroup.ProbeOverlay(probeDir); err != nil {
+			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
+		} else {
+			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
+		}
+		switch err := mountgroup.ProbeIDMappedMount(probeDir); {
+		case err == nil:
+			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
+		case o.IDMap == "view":
+			add("idmapped-mounts", Fail, "idmap = \"view\" needs idmapped mounts on %s: %v", o.Root, err)
+		default:
+			add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
+		}
+	}
+	checkUserNamespaces(add)
+	if probeDir != "" {
+		checkRootFilesystem(o, add)
+	}
+	checkCgroups(add)
+	checkContainerd(ctx, o, add)
+	checkContainerdConfig(o, add)
+	if o.DaemonAnswers != nil {
+		if err := o.DaemonAnswers(ctx, o.Address); err != nil {
+			add("daemon", Fail, "%v", err)
+		} else {
+			add("daemon", OK, "grouped-snapshotter answers on %s", o.Address)
+		}
+	}
+	return results
+}
+
+// Failed reports whether any result failed.
+func Failed(results []Result) bool {
+	for _, r := range results {
+		if r.Status == Fail {
+			return true
+		}
+	}
+	return false
+}
+
+// scratchDir returns a directory on root's filesystem for probes: root/t
+// when the daemon has made it, else a temporary directory next to root.
+func scratchDir(root string) (string, func(), error) {
+	if st, err := os.Stat(filepath.Join(root, "t")); err == nil && st.IsDir() {
+		return filepath.Join(root, "t"), func() {}, nil
+	}
+	parent := root
+	for {
+		if _, err := os.Stat(parent); err == nil {
+			break
+		}
+		next := filepath.Dir(parent)
+		if next == parent {
+			return "", nil, fmt.Errorf("no existing parent of %s", root)
+		}
+		parent = next
+	}
+	dir, err := os.MkdirTemp(parent, ".grouped-snapshotter-check-")
+	if err != nil {
+		return "", nil, err
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}
+
+func checkUserNamespaces(add func(string, Status, string, ...any)) {
+	data, err := os.ReadFile("/proc/sys/user/max_user_namespaces")
+	if err != nil {
+		add("user-namespaces", Fail, "cannot read /proc/sys/user/max_user_namespaces: %v", err)
+		return
+	}
+	if strings.TrimSpace(string(data)) == "0" {
+		add("user-namespaces", Fail, "user.max_user_namespaces is 0: user-namespaced pods cannot start")
+		return
+	}
+	add("user-namespaces", OK, "user.max_user_namespaces = %s", strings.TrimSpace(string(data)))
+}
+
+var fsNames = map[int64]string{
+	unix.EXT4_SUPER_MAGIC: "ext4", unix.XFS_SUPER_MAGIC: "xfs", unix.BTRFS_SUPER_MAGIC: "btrfs",
+	unix.TMPFS_MAGIC: "tmpfs", unix.OVERLAYFS_SUPER_MAGIC: "overlay", unix.NFS_SUPER_MAGIC: "nfs",
+	unix.F2FS_SUPER_MAGIC: "f2fs",
+}
+
+func checkRootFilesystem(o Options, add func(string, Status, string, ...any)) {
+	path := o.Root
+	for {
+		if _, err := os.Stat(path); err == nil {
+			break
+		}
+		path = filepath.Dir(path)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		add("root-filesystem", Fail, "statfs %s: %v", path, err)
+		return
+	}
+	name, ok := fsNames[int64(st.Type)]
+	if !ok {
+		name = fmt.Sprintf("magic %#x", st.Type)
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	switch {
+	case name == "overlay" || name == "nfs":
+		add("root-filesystem", Fail, "%s is on %s, which cannot hold overlay upper directories", o.Root, name)
+	case free < o.MinFreeBytes:
+		add("root-filesystem", Warn, "%s is on %s with only %s free (below %s)", o.Root, name, bytesString(free), bytesString(o.MinFreeBytes))
+	default:
+		add("root-filesystem", OK, "%s is on %s, %s free of %s", o.Root, name, bytesString(free), bytesString(st.Blocks*uint64(st.Bsize)))
+	}
+}
+
+func checkCgroups(add func(string, Status, string, ...any)) {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		add("cgroups", Warn, "statfs /sys/fs/cgroup: %v", err)
+		return
+	}
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		add("cgroups", OK, "cgroup v2")
+		return
+	}
+	add("cgroups", Warn, "cgroup v1: Kubernetes 1.35+ refuses cgroup v1 nodes unless the kubelet sets failCgroupV1: false")
+}
+
+func bytesString(n uint64) string {
+	const gib = 1 << 30
+	if n >= gib {
+		return fmt.Sprintf("%.1f GiB", float64(n)/gib)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
