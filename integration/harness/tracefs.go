@@ -1,0 +1,401 @@
+package harness
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+)
+
+// MountSyscalls are the mount-family syscalls a MountTrace counts, by their
+// tracepoint names (umount2 is traced as "umount").
+var MountSyscalls = []string{
+	"mount", "umount", "open_tree", "move_mount", "mount_setattr", "fsopen", "fsconfig", "fsmount",
+}
+
+// IDMapSyscalls are the syscalls that make an idmapped mount; a start that
+// reuses an existing view makes none of them.
+var IDMapSyscalls = []string{"open_tree", "mount_setattr", "move_mount"}
+
+// Process groups a MountCounts attributes syscalls to. The kernel keeps 15
+// bytes of a command name, so they are matched by prefix.
+const (
+	GroupShim        = "shim"                // containerd-shim*
+	GroupContainerd  = "containerd"          // the daemon itself
+	GroupCtr         = "ctr"                 // the client
+	GroupSnapshotter = "grouped-snapshotter" // the daemon under test
+	GroupRunc        = "runc"                // runc and its runc:[N:...] stages
+	GroupOther       = "other"               // anything else that was followed
+)
+
+// traceCount numbers the MountTraces of this process, for unique instance
+// names.
+var traceCount atomic.Int64
+
+// MountTrace counts mount-family syscalls of a set of processes and of
+// every process they fork while it runs. It uses a private tracefs
+// instance, so global tracing and other tracers (including other test
+// binaries) are left alone; strace would break containerd's userns helper,
+// which relies on PTRACE_TRACEME.
+type MountTrace struct {
+	// instance is the tracefs instance directory.
+	instance string
+	// mountPoint is the private tracefs mount made for this trace, or ""
+	// when an existing tracefs mount is used.
+	mountPoint string
+	stopped    bool
+}
+
+// StartMountTrace starts counting the mount-family syscalls of pids (every
+// thread of each) and, through event-fork, of all their descendants started
+// from now on: ctr from the test binary, shims and runc from containerd.
+func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
+	if len(pids) == 0 {
+		return nil, errors.New("start mount trace: no pids to trace")
+	}
+	root, mountPoint, err := tracefsRoot()
+	if err != nil {
+		return nil, err
+	}
+	tr = &MountTrace{mountPoint: mountPoint}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, tr.release())
+			tr = nil
+		}
+	}()
+	inst := filepath.Join(root, "instances", fmt.Sprintf("gs-%d-%d", os.Getpid(), traceCount.Add(1)))
+	if err := os.Mkdir(inst, 0o700); err != nil {
+		return tr, fmt.Errorf("create tracefs instance %s: %w", inst, err)
+	}
+	tr.instance = inst
+	// Large enough for v2.0.5's per-layer storm at 500 layers, several
+	// times over; loss is detected in Stop anyway.
+	if err := tr.write("buffer_size_kb", "8192"); err != nil {
+		return tr, err
+	}
+	if err := tr.write("options/event-fork", "1"); err != nil {
+		return tr, err
+	}
+	if err := tr.addPIDs(pids); err != nil {
+		return tr, err
+	}
+	for _, sc := range MountSyscalls {
+		if err := tr.write(eventEnable(sc), "1"); err != nil {
+			return tr, err
+		}
+	}
+	return tr, nil
+}
+
+func eventEnable(syscallName string) string {
+	return filepath.Join("events", "syscalls", "sys_enter_"+syscallName, "enable")
+}
+
+// addPIDs adds every thread of pids to the instance's pid filter. The filter
+// matches threads, not processes, and event-fork only follows clones made
+// after a thread is listed, so it lists the threads until no new one
+// appears.
+func (tr *MountTrace) addPIDs(pids []int) error {
+	added := map[int]bool{}
+	for range 10 {
+		var fresh []string
+		for _, pid := range pids {
+			tids, err := threads(pid)
+			if err != nil {
+				return err
+			}
+			for _, tid := range tids {
+				if !added[tid] {
+					added[tid] = true
+					fresh = append(fresh, strconv.Itoa(tid))
+				}
+			}
+		}
+		if len(fresh) == 0 {
+			return nil
+		}
+		// Without O_TRUNC a write adds to the list.
+		f, err := os.OpenFile(filepath.Join(tr.instance, "set_event_pid"), os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("open set_event_pid: %w", err)
+		}
+		_, werr := f.WriteString(strings.Join(fresh, " ") + "\n")
+		cerr := f.Close()
+		if err := errors.Join(werr, cerr); err != nil {
+			return fmt.Errorf("add pids %s to set_event_pid: %w", strings.Join(fresh, " "), err)
+		}
+	}
+	return errors.New("add pids to set_event_pid: threads kept appearing")
+}
+
+// threads returns the thread ids of pid.
+func threads(pid int) ([]int, error) {
+	names, err := ListDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("trace pid %d: no such process", pid)
+	}
+	tids := make([]int, 0, len(names))
+	for _, n := range names {
+		if tid, err := strconv.Atoi(n); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids, nil
+}
+
+func (tr *MountTrace) write(file, value string) error {
+	if err := os.WriteFile(filepath.Join(tr.instance, file), []byte(value+"\n"), 0); err != nil {
+		return fmt.Errorf("tracefs: write %q to %s: %w", value, file, err)
+	}
+	return nil
+}
+
+// Stop ends the trace, removes its instance (and private tracefs mount) and
+// returns the counts. It fails if the ring buffer lost events.
+func (tr *MountTrace) Stop() (MountCounts, error) {
+	if tr.stopped {
+		return nil, errors.New("mount trace already stopped")
+	}
+	tr.stopped = true
+	var errs []error
+	for _, sc := range MountSyscalls {
+		errs = append(errs, tr.write(eventEnable(sc), "0"))
+	}
+	counts, err := tr.read()
+	errs = append(errs, err, tr.release())
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return counts, nil
+}
+
+func (tr *MountTrace) read() (MountCounts, error) {
+	f, err := os.Open(filepath.Join(tr.instance, "trace"))
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	defer f.Close()
+	return ParseTrace(f)
+}
+
+// release removes the instance and unmounts the private tracefs mount.
+func (tr *MountTrace) release() error {
+	var errs []error
+	if tr.instance != "" {
+		if err := syscall.Rmdir(tr.instance); err != nil {
+			errs = append(errs, fmt.Errorf("remove tracefs instance %s: %w", tr.instance, err))
+		}
+		tr.instance = ""
+	}
+	if tr.mountPoint != "" {
+		if err := syscall.Unmount(tr.mountPoint, 0); err != nil {
+			errs = append(errs, fmt.Errorf("unmount tracefs at %s: %w", tr.mountPoint, err))
+		} else if err := os.Remove(tr.mountPoint); err != nil {
+			errs = append(errs, err)
+		}
+		tr.mountPoint = ""
+	}
+	return errors.Join(errs...)
+}
+
+// tracefsRoot returns a mounted tracefs: an existing mount if there is one,
+// otherwise a private mount it makes (mountPoint is then set, and the
+// caller unmounts it). All mounts of tracefs share one set of instances.
+func tracefsRoot() (root, mountPoint string, err error) {
+	mounts, err := ReadMountinfo()
+	if err != nil {
+		return "", "", err
+	}
+	for _, m := range mounts {
+		if m.FSType == "tracefs" && !slices.Contains(strings.Split(m.MountOptions, ","), "ro") {
+			if _, err := os.Stat(filepath.Join(m.MountPoint, "instances")); err == nil {
+				return m.MountPoint, "", nil
+			}
+		}
+	}
+	dir, err := os.MkdirTemp("", "gs-tracefs-")
+	if err != nil {
+		return "", "", fmt.Errorf("create tracefs mount point: %w", err)
+	}
+	if err := syscall.Mount("nodev", dir, "tracefs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
+		os.Remove(dir)
+		return "", "", fmt.Errorf("mount tracefs at %s (needs root and a kernel with tracefs): %w", dir, err)
+	}
+	return dir, dir, nil
+}
+
+// MountCounts are syscall counts by command name (as the kernel keeps it,
+// at most 15 bytes) and syscall name.
+type MountCounts map[string]map[string]int
+
+// traceLine matches an event line of a tracefs "trace" file:
+//
+//	<comm>-<pid> [(<tgid>)] [<cpu>] <flags> <timestamp>: sys_<name>(<args>)
+//
+// The command name may itself contain '-', so the pid is the last one
+// before the CPU field.
+var traceLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\(`)
+
+// entriesLine is the header that says whether the ring buffer dropped
+// events: "# entries-in-buffer/entries-written: 3/3   #P:2".
+var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*(\d+)/(\d+)`)
+
+// ParseTrace counts the syscall events of a tracefs "trace" file. It fails
+// on a line it does not understand and when the header says events were
+// lost (buffer overrun).
+func ParseTrace(r io.Reader) (MountCounts, error) {
+	counts := MountCounts{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			if m := entriesLine.FindStringSubmatch(line); m != nil && m[1] != m[2] {
+				return nil, fmt.Errorf("trace lost events: %s entries kept of %s written", m[1], m[2])
+			}
+			continue
+		}
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		m := traceLine.FindStringSubmatch(line)
+		if m == nil {
+			return nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
+		}
+		counts.add(strings.TrimSpace(m[1]), m[3], 1)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	return counts, nil
+}
+
+func (c MountCounts) add(comm, syscallName string, n int) {
+	if c[comm] == nil {
+		c[comm] = map[string]int{}
+	}
+	c[comm][syscallName] += n
+}
+
+// CommGroup returns the process group of a command name: one of the Group
+// constants.
+func CommGroup(comm string) string {
+	switch {
+	case strings.HasPrefix(comm, "containerd-shim"):
+		return GroupShim
+	case comm == "containerd":
+		return GroupContainerd
+	case comm == "ctr":
+		return GroupCtr
+	case strings.HasPrefix(GroupSnapshotter, comm) && len(comm) >= len("grouped-snapsho"):
+		return GroupSnapshotter
+	case comm == "runc" || strings.HasPrefix(comm, "runc:"):
+		return GroupRunc
+	}
+	return GroupOther
+}
+
+// Filter returns the counts of the command names keep accepts.
+func (c MountCounts) Filter(keep func(comm string) bool) MountCounts {
+	out := MountCounts{}
+	for comm, bySyscall := range c {
+		if keep(comm) {
+			for sc, n := range bySyscall {
+				out.add(comm, sc, n)
+			}
+		}
+	}
+	return out
+}
+
+// Groups folds command names into their CommGroup.
+func (c MountCounts) Groups() MountCounts {
+	out := MountCounts{}
+	for comm, bySyscall := range c {
+		for sc, n := range bySyscall {
+			out.add(CommGroup(comm), sc, n)
+		}
+	}
+	return out
+}
+
+// SnapshotSide is everything but runc: what the shim, containerd, ctr and
+// the snapshotter do to provide the rootfs (runc's own setup of the
+// container does not depend on the snapshotter).
+func (c MountCounts) SnapshotSide() MountCounts {
+	return c.Filter(func(comm string) bool { return CommGroup(comm) != GroupRunc })
+}
+
+// Runc is what runc (and its init stages) did.
+func (c MountCounts) Runc() MountCounts {
+	return c.Filter(func(comm string) bool { return CommGroup(comm) == GroupRunc })
+}
+
+// Total is the number of syscalls counted.
+func (c MountCounts) Total() int {
+	n := 0
+	for _, bySyscall := range c {
+		for _, k := range bySyscall {
+			n += k
+		}
+	}
+	return n
+}
+
+// Syscalls sums the counts of the named syscalls over all command names.
+func (c MountCounts) Syscalls(names ...string) int {
+	n := 0
+	for _, bySyscall := range c {
+		for _, name := range names {
+			n += bySyscall[name]
+		}
+	}
+	return n
+}
+
+// String renders the counts compactly and deterministically, e.g.
+// "containerd-shim{mount=1 umount=2}".
+func (c MountCounts) String() string {
+	if len(c) == 0 {
+		return "{}"
+	}
+	comms := make([]string, 0, len(c))
+	for comm := range c {
+		comms = append(comms, comm)
+	}
+	sort.Strings(comms)
+	parts := make([]string, 0, len(comms))
+	for _, comm := range comms {
+		var calls []string
+		for _, sc := range MountSyscalls {
+			if n := c[comm][sc]; n > 0 {
+				calls = append(calls, fmt.Sprintf("%s=%d", sc, n))
+			}
+		}
+		var others []string
+		for sc, n := range c[comm] {
+			if !slices.Contains(MountSyscalls, sc) && n > 0 {
+				others = append(others, fmt.Sprintf("%s=%d", sc, n))
+			}
+		}
+		sort.Strings(others)
+		calls = append(calls, others...)
+		parts = append(parts, fmt.Sprintf("%s{%s}", comm, strings.Join(calls, " ")))
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,151 @@
+package harness
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+const sampleTrace = `# tracer: nop
+#
+# entries-in-buffer/entries-written: 7/7   #P:2
+#
+#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION
+#              | |         |   |||||     |         |
+ containerd-shim-23367   [000] .....  1147.579077: sys_mount(dev_name: 0x559cc20c2320, dir_name: 0x559cc20c2340, type: 0x559cc20c2300, flags: 0, data: 0)
+ containerd-shim-23367   [000] .....  1147.579100: sys_umount(name: 0x564bbe75c300, flags: 0x2)
+ containerd-shim-23367   [001] .....  1147.579200: sys_umount(name: 0x564bbe75c300, flags: 0x2)
+      containerd-901     [001] .N...  1147.587418: sys_open_tree(dfd: 0xffffff9c, filename: 0xc000, flags: 0x80001)
+ grouped-snapsho-4242    (   4242) [000] .....  1147.594586: sys_mount_setattr(dfd: 3, path: 0x1, flags: 0x1000, uattr: 0xc0, usize: 0x20)
+   runc:[2:INIT]-5000    [001] d....  1147.6: sys_mount(dev_name: 0x1, dir_name: 0x2, type: 0, flags: 0x44000, data: 0)
+           <...>-5001    [000] .....  1147.7: sys_fsopen(_fs_name: 0x1, flags: 0x1)
+
+`
+
+func TestParseTrace(t *testing.T) {
+	c, err := ParseTrace(strings.NewReader(sampleTrace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<...>{fsopen=1} containerd{open_tree=1} containerd-shim{mount=1 umount=2} grouped-snapsho{mount_setattr=1} runc:[2:INIT]{mount=1}"
+	if got := c.String(); got != want {
+		t.Errorf("counts:\n got %s\nwant %s", got, want)
+	}
+	if got := c.Total(); got != 7 {
+		t.Errorf("Total = %d, want 7", got)
+	}
+	if got := c.SnapshotSide().Total(); got != 6 {
+		t.Errorf("SnapshotSide().Total = %d, want 6", got)
+	}
+	if got := c.Runc().String(); got != "runc:[2:INIT]{mount=1}" {
+		t.Errorf("Runc = %s", got)
+	}
+	if got := c.Syscalls(IDMapSyscalls...); got != 2 {
+		t.Errorf("idmap syscalls = %d, want 2", got)
+	}
+	groups := c.Groups()
+	for group, n := range map[string]int{GroupShim: 3, GroupContainerd: 1, GroupSnapshotter: 1, GroupRunc: 1, GroupOther: 1} {
+		if got := groups.Filter(func(c string) bool { return c == group }).Total(); got != n {
+			t.Errorf("group %s: %d syscalls, want %d (%s)", group, got, n, groups)
+		}
+	}
+}
+
+func TestParseTraceRejects(t *testing.T) {
+	for name, text := range map[string]string{
+		"lost events": "# entries-in-buffer/entries-written: 5/9   #P:2\n",
+		"garbage":     "# tracer: nop\nthis is not a trace line\n",
+		"no syscall":  "  bash-1 [000] ..... 1.0: sched_switch: prev_comm=bash\n",
+	} {
+		if c, err := ParseTrace(strings.NewReader(text)); err == nil {
+			t.Errorf("%s: parsed %s, want an error", name, c)
+		}
+	}
+}
+
+func TestCommGroup(t *testing.T) {
+	for comm, want := range map[string]string{
+		"containerd-shim": GroupShim,
+		"containerd":      GroupContainerd,
+		"ctr":             GroupCtr,
+		"grouped-snapsho": GroupSnapshotter,
+		"grouped":         GroupOther,
+		"runc":            GroupRunc,
+		"runc:[1:CHILD]":  GroupRunc,
+		"runcx":           GroupOther,
+		"integration.tes": GroupOther,
+	} {
+		if got := CommGroup(comm); got != want {
+			t.Errorf("CommGroup(%q) = %q, want %q", comm, got, want)
+		}
+	}
+}
+
+// TestMountTrace traces this process: its own mounts and those of a child
+// it forks are counted, by command name, and the trace leaves no instance
+// or mount behind.
+func TestMountTrace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestMountTrace needs root (tracefs and mounts): run `sudo go test ./integration/...`")
+	}
+	dir := t.TempDir()
+	before, err := ReadMountinfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := StartMountTrace(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, ""); err != nil {
+		tr.Stop()
+		t.Fatal(err)
+	}
+	if err := syscall.Unmount(dir, 0); err != nil {
+		t.Error(err)
+	}
+	// A child: followed through event-fork, named by its own comm.
+	if out, err := exec.Command("/bin/busybox", "mount", "-t", "tmpfs", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Errorf("busybox mount: %v: %s", err, out)
+	}
+	if out, err := exec.Command("/bin/busybox", "umount", dir).CombinedOutput(); err != nil {
+		t.Errorf("busybox umount: %v: %s", err, out)
+	}
+	inst := tr.instance
+	c, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("counts: %s", c)
+	self := comm(t)
+	if got := c[self]; got["mount"] != 1 || got["umount"] != 1 {
+		t.Errorf("this process (%s): %v, want 1 mount and 1 umount; all: %s", self, got, c)
+	}
+	if got := c["busybox"]; got["mount"] != 1 || got["umount"] != 1 {
+		t.Errorf("child busybox: %v, want 1 mount and 1 umount; all: %s", got, c)
+	}
+	if _, err := os.Stat(inst); !os.IsNotExist(err) {
+		t.Errorf("instance %s still exists after Stop (%v)", inst, err)
+	}
+	after, err := ReadMountinfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("mount count changed from %d to %d across the trace", len(before), len(after))
+	}
+	if _, err := tr.Stop(); err == nil {
+		t.Error("a second Stop succeeded")
+	}
+}
+
+func comm(t *testing.T) string {
+	data, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(filepath.Base(string(data)))
+}
