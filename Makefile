@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools demo test test-unit test-integration vet clean
+.PHONY: all build tools demo test test-unit test-integration vet fuzz clean
 
 all: build
 
@@ -27,7 +27,18 @@ demo: tools
 vet:
 	$(GO) vet ./...
 
-test: tools vet
+# A short run of every fuzz target; each one's corpus is committed under
+# <package>/testdata/fuzz and also runs with the plain tests.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := idmap:FuzzParseRanges idmap:FuzzFromLabels mountgroup:FuzzOverlayMount mountgroup:FuzzShimMountData
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz: $$t for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+	done
+
+test: tools vet fuzz
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./...
 
 test-unit: vet
