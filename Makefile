@@ -47,5 +47,14 @@ test-unit: vet
 test-integration: tools
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/...
 
+# Install on this node as a systemd service and register it with containerd
+# (HOST_ROOT=/some/dir installs files only, into that tree). Idempotent.
+HOST_ROOT ?= /
+install: build
+	deploy/install.sh install --host-root $(HOST_ROOT) --binary bin/grouped-snapshotter $(if $(filter /,$(HOST_ROOT)),,--no-start)
+
+uninstall:
+	deploy/install.sh uninstall --host-root $(HOST_ROOT) $(if $(filter /,$(HOST_ROOT)),,--no-start)
+
 clean:
 	rm -rf bin

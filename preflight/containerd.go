@@ -123,6 +123,15 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 	return cfg, load(path)
 }
 
+// CheckContainerdConfig checks only containerd's configuration files.
+func CheckContainerdConfig(o Options) []Result {
+	var results []Result
+	checkContainerdConfig(o, func(name string, status Status, format string, args ...any) {
+		results = append(results, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
+	})
+	return results
+}
+
 func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) {
 	cfg, err := loadContainerdConfig(o.ContainerdConfig)
 	if err != nil {

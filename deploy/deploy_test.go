@@ -1,0 +1,290 @@
+package deploy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
+)
+
+// TestManifestsDecodeStrictly decodes every object of the Kubernetes
+// manifests into its k8s.io/api type, refusing unknown or misspelt fields.
+func TestManifestsDecodeStrictly(t *testing.T) {
+	data, err := os.ReadFile("kubernetes/grouped-snapshotter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		var obj any
+		switch meta.Kind {
+		case "Namespace":
+			obj = &corev1.Namespace{}
+		case "ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		case "DaemonSet":
+			obj = &appsv1.DaemonSet{}
+		default:
+			t.Fatalf("document %d: unexpected kind %q", i, meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+			t.Fatalf("%s: %v", meta.Kind, err)
+		}
+		kinds[meta.Kind]++
+		if ds, ok := obj.(*appsv1.DaemonSet); ok {
+			checkDaemonSet(t, ds)
+		}
+	}
+	if kinds["DaemonSet"] != 1 || kinds["Namespace"] != 1 || kinds["ServiceAccount"] != 1 {
+		t.Errorf("objects: %v", kinds)
+	}
+}
+
+func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet) {
+	spec := ds.Spec.Template.Spec
+	if !spec.HostPID {
+		t.Error("the installer needs hostPID to reach the host's systemd")
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("containers: %d", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("the installer must be privileged")
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.Exec == nil || !strings.Contains(strings.Join(c.ReadinessProbe.Exec.Command, " "), "grpc-health-probe") {
+		t.Error("readiness must come from the gRPC health probe on the daemon's socket")
+	}
+	if !strings.Contains(strings.Join(c.Args, " "), "install.sh install --host-root /host") {
+		t.Errorf("the installer does not run install.sh: %v", c.Args)
+	}
+	if ds.Spec.Selector == nil || ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != ds.Spec.Template.Labels["app.kubernetes.io/name"] {
+		t.Error("selector does not match the pod template")
+	}
+}
+
+// snapshotTree records every path under root with its mode and content hash.
+func snapshotTree(t *testing.T, root string) string {
+	t.Helper()
+	var lines []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		line := fmt.Sprintf("%s %v", rel, info.Mode())
+		if info.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf(" %x", sha256.Sum256(data))
+		}
+		lines = append(lines, line)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+func runInstall(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("./install.sh", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("install.sh %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "grouped-snapshotter")
+	cmd := exec.Command("go", "build", "-o", bin, "../cmd/grouped-snapshotter")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build daemon: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestInstallScript installs into a temporary host root that already has a
+// containerd config, checks the result with the preflight config check,
+// reinstalls (nothing may change), and uninstalls (the tree must be exactly
+// as before).
+func TestInstallScript(t *testing.T) {
+	bin := buildDaemon(t)
+	host := t.TempDir()
+	for _, d := range []string{"usr/local/bin", "etc/systemd/system", "etc/containerd"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	original := "version = 3\n\n[plugins.'io.containerd.grpc.v1.cri']\n  enable_selinux = false\n"
+	if err := os.WriteFile(filepath.Join(host, "etc/containerd/config.toml"), []byte(original), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotTree(t, host)
+
+	out := runInstall(t, "install", "--host-root", host, "--binary", bin, "--no-start")
+	for _, f := range []string{"usr/local/bin/grouped-snapshotter", "etc/systemd/system/grouped-snapshotter.service",
+		"etc/grouped-snapshotter/config.toml", "etc/containerd/conf.d/grouped-snapshotter.toml"} {
+		if _, err := os.Stat(filepath.Join(host, f)); err != nil {
+			t.Errorf("%s not installed: %v\n%s", f, err, out)
+		}
+	}
+	results := preflight.CheckContainerdConfig(preflight.Options{
+		Name: "grouped", Root: "/var/lib/grouped-snapshotter", Address: "/run/grouped-snapshotter/grouped-snapshotter.sock",
+		// The installed config imports /etc/containerd/conf.d/*.toml:
+		// check the drop-in itself, as containerd would merge it.
+		ContainerdConfig: filepath.Join(host, "etc/containerd/conf.d/grouped-snapshotter.toml"),
+	})
+	for _, r := range results {
+		if r.Status != preflight.OK {
+			t.Errorf("installed drop-in: %s %s: %s", r.Status, r.Name, r.Detail)
+		}
+	}
+	cfg, _ := os.ReadFile(filepath.Join(host, "etc/containerd/config.toml"))
+	if !strings.Contains(string(cfg), `imports = ["/etc/containerd/conf.d/*.toml"]`) || !strings.HasSuffix(string(cfg), original) {
+		t.Errorf("containerd config after install:\n%s", cfg)
+	}
+
+	installed := snapshotTree(t, host)
+	out = runInstall(t, "install", "--host-root", host, "--binary", bin, "--no-start")
+	if strings.Contains(out, "installed /") || snapshotTree(t, host) != installed {
+		t.Errorf("a second install changed the node:\n%s", out)
+	}
+
+	// The operator's own config survives a reinstall.
+	own := filepath.Join(host, "etc/grouped-snapshotter/config.toml")
+	if err := os.WriteFile(own, []byte("log_level = \"debug\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runInstall(t, "install", "--host-root", host, "--binary", bin, "--no-start")
+	if data, _ := os.ReadFile(own); string(data) != "log_level = \"debug\"\n" {
+		t.Error("install overwrote the operator's config")
+	}
+
+	runInstall(t, "uninstall", "--host-root", host, "--no-start")
+	if after := snapshotTree(t, host); after != before {
+		t.Errorf("uninstall did not restore the node:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestInstallScriptWithoutContainerdConfig covers a node whose containerd
+// runs on built-in defaults: install creates a config importing conf.d,
+// uninstall removes it again.
+func TestInstallScriptWithoutContainerdConfig(t *testing.T) {
+	bin := buildDaemon(t)
+	host := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(host, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	runInstall(t, "install", "--host-root", host, "--binary", bin, "--no-start")
+	cfg, err := os.ReadFile(filepath.Join(host, "etc/containerd/config.toml"))
+	if err != nil || !strings.Contains(string(cfg), "conf.d") {
+		t.Fatalf("containerd config not created: %v %s", err, cfg)
+	}
+	runInstall(t, "uninstall", "--host-root", host, "--no-start")
+	after := snapshotTree(t, host)
+	// Directories install had to create for its files stay (usr/local/bin...).
+	for _, line := range strings.Split(after, "\n") {
+		if strings.Contains(line, "containerd") || strings.Contains(line, "grouped") {
+			t.Errorf("left after uninstall: %s", line)
+		}
+	}
+}
+
+func TestInstallScriptBadInput(t *testing.T) {
+	for _, args := range [][]string{{"frobnicate"}, {"install", "--bogus"}, {"install", "--host-root", t.TempDir(), "--binary", "/nonexistent", "--no-start"}} {
+		out, err := exec.Command("./install.sh", args...).CombinedOutput()
+		if err == nil {
+			t.Errorf("install.sh %v succeeded:\n%s", args, out)
+		}
+	}
+}
+
+func TestCheckReportsBrokenContainerdConfig(t *testing.T) {
+	const good = `version = 3
+[proxy_plugins.grouped]
+  type = "snapshot"
+  address = "/run/gs.sock"
+  capabilities = ["remap-ids", "rebase"]
+  [proxy_plugins.grouped.exports]
+    root = "/var/lib/gs"
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "grouped"
+`
+	for _, tc := range []struct {
+		name, config string
+		want         map[string]preflight.Status
+		text         string
+	}{
+		{"good", good, map[string]preflight.Status{"containerd-config": preflight.OK, "containerd-unpack": preflight.OK}, ""},
+		{"wrong socket", strings.Replace(good, "/run/gs.sock", "/run/other.sock", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, `"/run/other.sock"`},
+		{"missing remap-ids", strings.Replace(good, `"remap-ids", `, "", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, "remap-ids"},
+		{"missing rebase", strings.Replace(good, `, "rebase"`, "", 1), map[string]preflight.Status{"containerd-config": preflight.Warn}, "rebase"},
+		{"wrong exports.root", strings.Replace(good, "/var/lib/gs", "/var/lib/x", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, "exports.root"},
+		{"no proxy plugin", "version = 3\n", map[string]preflight.Status{"containerd-config": preflight.Fail}, "no [proxy_plugins.grouped]"},
+		{"no unpack_config", good[:strings.Index(good, "[[plugins")], map[string]preflight.Status{"containerd-unpack": preflight.Fail}, "unpack platforms"},
+		{"invalid toml", "version = \n", map[string]preflight.Status{"containerd-config": preflight.Fail}, "config.toml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, []byte(tc.config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			results := preflight.CheckContainerdConfig(preflight.Options{Name: "grouped", Root: "/var/lib/gs", Address: "/run/gs.sock", ContainerdConfig: path})
+			got := map[string]preflight.Result{}
+			for _, r := range results {
+				got[r.Name] = r
+			}
+			for name, status := range tc.want {
+				if got[name].Status != status {
+					t.Errorf("%s: %s (%s), want %s", name, got[name].Status, got[name].Detail, status)
+				}
+				if tc.text != "" && status != preflight.OK && !strings.Contains(got[name].Detail, tc.text) {
+					t.Errorf("%s detail %q does not mention %q", name, got[name].Detail, tc.text)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckFollowsImports checks a main config that imports the drop-in.
+func TestCheckFollowsImports(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "conf.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	main := "version = 3\nimports = [\"" + filepath.Join(dir, "conf.d") + "/*.toml\"]\n"
+	drop := "version = 3\n[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = \"/s\"\n  capabilities = [\"remap-ids\", \"rebase\"]\n  [proxy_plugins.grouped.exports]\n    root = \"/r\"\n"
+	os.WriteFile(filepath.Join(dir, "config.toml"), []byte(main), 0o644)
+	os.WriteFile(filepath.Join(dir, "conf.d", "gs.toml"), []byte(drop), 0o644)
+	results := preflight.CheckContainerdConfig(preflight.Options{Name: "grouped", Root: "/r", Address: "/s", ContainerdConfig: filepath.Join(dir, "config.toml")})
+	if results[0].Status != preflight.OK {
+		t.Errorf("imported proxy plugin not found: %+v", results[0])
+	}
+}
