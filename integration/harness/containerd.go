@@ -39,6 +39,9 @@ type configParams struct {
 	containerdRoot string
 	state          string
 	address        string
+	// cri, when set, is the CRI plugins' TOML (see criConfig); CRI stays
+	// disabled otherwise.
+	cri string
 }
 
 // disabledPlugins keeps CRI out of the private containerd: the tests drive
@@ -51,16 +54,19 @@ var disabledPlugins = []string{
 }
 
 // renderConfig returns a containerd config (version 3) that keeps every
-// path the daemon writes under the harness's directory, disables CRI and NRI,
-// registers the grouped proxy snapshotter and unpacks pulls with snapshotter.
+// path the daemon writes under the harness's directory, disables NRI and,
+// unless p.cri is set, CRI, registers the grouped proxy snapshotter and
+// unpacks pulls with snapshotter.
 func renderConfig(p configParams) string {
 	q := strconv.Quote
 	var b strings.Builder
 	fmt.Fprintf(&b, "version = 3\nroot = %s\nstate = %s\ntemp = %s\nimports = []\n",
 		q(p.containerdRoot), q(p.state), q(filepath.Join(p.dir, "tmp")))
-	quoted := make([]string, len(disabledPlugins))
-	for i, name := range disabledPlugins {
-		quoted[i] = q(name)
+	var quoted []string
+	if p.cri == "" {
+		for _, name := range disabledPlugins {
+			quoted = append(quoted, q(name))
+		}
 	}
 	fmt.Fprintf(&b, "disabled_plugins = [%s]\n\n", strings.Join(quoted, ", "))
 	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n\n")
@@ -78,6 +84,9 @@ func renderConfig(p configParams) string {
 	}
 	fmt.Fprintf(&b, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\n")
 	fmt.Fprintf(&b, "  platform = \"linux/amd64\"\n  snapshotter = %s\n  differ = \"walking\"\n", q(p.snapshotter))
+	if p.cri != "" {
+		b.WriteString("\n" + p.cri)
+	}
 	return b.String()
 }
 

@@ -35,12 +35,23 @@ type Options struct {
 	TempRoot string
 	// Logf, if set, receives one line per setup and teardown step.
 	Logf func(format string, args ...any)
+	// Containerd is the containerd release to run: ContainerdV2_4
+	// (default) or ContainerdV2_0.
+	Containerd string
+	// IDMap is the grouped-snapshotter daemon's idmap mode, "view" or
+	// "shim"; empty keeps the daemon's default (view).
+	IDMap string
+	// CRI enables containerd's CRI plugin, with a CNI network and sandbox
+	// image of the harness's own, for crictl and nerdctl (see Env.CRI).
+	CRI bool
 }
 
 // Env is one private registry + grouped-snapshotter + containerd.
 type Env struct {
 	// Dir holds everything the Env made; Close removes it.
 	Dir string
+	// ContainerdVersion is the containerd release the Env runs.
+	ContainerdVersion string
 	// Namespace is the containerd namespace of every ctr command.
 	Namespace string
 	// SnapshotterName is the snapshotter pulls and runs use.
@@ -50,9 +61,12 @@ type Env struct {
 	// Snapshotter is the daemon; nil when SnapshotterName is overlayfs.
 	Snapshotter *Snapshotter
 	Containerd  *Containerd
+	// CRI is set when Options.CRI was.
+	CRI *CRI
 
 	logf      func(format string, args ...any)
 	hostState hostState
+	withCRI   bool
 	closed    bool
 }
 
@@ -97,6 +111,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		Tools:           tools,
 		logf:            opts.Logf,
 		hostState:       recordHostState(),
+		withCRI:         opts.CRI,
 	}
 	defer func() {
 		if err != nil {
@@ -104,6 +119,9 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 			env = nil
 		}
 	}()
+	if err := e.applyReleaseOptions(ctx, opts); err != nil {
+		return nil, err
+	}
 	if err := e.start(ctx, repo); err != nil {
 		return nil, err
 	}
@@ -127,7 +145,7 @@ func (e *Env) start(ctx context.Context, repo string) error {
 			Bin:        bin,
 			Root:       filepath.Join(e.Dir, "gs"),
 			Address:    filepath.Join(e.Dir, "gs.sock"),
-			ConfigPath: filepath.Join(e.Dir, "gs.toml"),
+			ConfigPath: snapshotterConfigPath(e.Dir),
 			LogPath:    filepath.Join(logs, "grouped-snapshotter.log"),
 		}
 	}
@@ -177,12 +195,20 @@ func (e *Env) startContainerd(ctx context.Context) error {
 		state:          c.State,
 		address:        c.Address,
 	}
-	// Shim socket paths are <dir>/<64 hex>; past 42 bytes keep the default.
-	if sock := filepath.Join(e.Dir, "s"); len(sock) <= 42 {
+	// Shim socket paths are <dir>/<64 hex>; past 42 bytes keep the default,
+	// as releases without socket_dir do.
+	if sock := filepath.Join(e.Dir, "s"); len(sock) <= 42 && shimSocketDirSupported(e.ContainerdVersion) {
 		p.shimSocketDir = sock
 	}
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
+	}
+	if e.withCRI {
+		cri, err := e.setupCRI(ctx, c)
+		if err != nil {
+			return err
+		}
+		p.cri = cri
 	}
 	if err := os.WriteFile(c.ConfigPath, []byte(renderConfig(p)), 0o644); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)

@@ -53,6 +53,9 @@ func (e *Env) Close() error {
 	}
 	if c := e.Containerd; c != nil && c.proc != nil {
 		if done, _ := c.proc.exited(); !done && e.containerdAnswers(ctx) {
+			if e.CRI != nil {
+				add(e.CRI.removePods(ctx))
+			}
 			add(e.removeContainers(ctx))
 		}
 		add(e.killLeftoverTasks())
@@ -66,6 +69,9 @@ func (e *Env) Close() error {
 	}
 	add(unmountUnder(e.Dir))
 	add(e.removeHostState())
+	if e.CRI != nil {
+		add(e.CRI.Network.remove(e.CRI.sandboxIDs()))
+	}
 	if left, err := MountsUnder(e.Dir); err != nil || len(left) > 0 {
 		add(fmt.Errorf("not removing %s: %d mounts remain under it (%v)", e.Dir, len(left), err))
 	} else {
