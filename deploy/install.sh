@@ -101,11 +101,14 @@ TOML
 	fi
 }
 
-# ensure_imports makes containerd's main config import the drop-in directory.
+# ensure_imports makes containerd's main config import the drop-in directory;
+# it sets CONFIG_CHANGED=1 when it had to change the file.
+CONFIG_CHANGED=0
 ensure_imports() {
 	if [ ! -f "$CONTAINERD_CONFIG" ]; then
 		mkdir -p "$(dirname "$CONTAINERD_CONFIG")"
 		printf '%s\nversion = 3\nimports = ["%s"]\n' "$MARK (whole file)" "$IMPORT_PATTERN" >"$CONTAINERD_CONFIG"
+		CONFIG_CHANGED=1
 		echo "created $CONTAINERD_CONFIG importing $IMPORT_PATTERN"
 		return 0
 	fi
@@ -121,6 +124,7 @@ ensure_imports() {
 	{ printf '%s\nimports = ["%s"]\n' "$MARK" "$IMPORT_PATTERN"; cat "$CONTAINERD_CONFIG"; } >"$tmp"
 	chmod --reference="$CONTAINERD_CONFIG" "$tmp" 2>/dev/null || true
 	mv -f "$tmp" "$CONTAINERD_CONFIG"
+	CONFIG_CHANGED=1
 	echo "added imports of $IMPORT_PATTERN to $CONTAINERD_CONFIG"
 }
 
@@ -169,10 +173,8 @@ do_install() {
 	if ! { [ -f "$DROPIN_DST" ] && cmp -s "$tmp" "$DROPIN_DST"; }; then dropin_changed=1; fi
 	install_file "$tmp" "$DROPIN_DST" 0644
 	rm -f "$tmp"
-	before=$(cksum "$CONTAINERD_CONFIG" 2>/dev/null || true)
 	ensure_imports
-	after=$(cksum "$CONTAINERD_CONFIG")
-	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$before" != "$after" ]; }; then
+	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
 		echo "restarting containerd to load the drop-in (the snapshotter answers)"
 		host systemctl restart containerd.service
 	fi

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -18,12 +19,17 @@ import (
 
 // snapshotRow is one line of `ls`.
 type snapshotRow struct {
-	Key    string `json:"key"`
-	Kind   string `json:"kind"`
-	Parent string `json:"parent"`
-	Layers int    `json:"layers"`
-	Size   int64  `json:"size"`
-	Inodes int64  `json:"inodes"`
+	// Namespace, Key and Parent are as containerd's clients see them
+	// (`ctr -n <namespace> snapshots ls`); BackendKey is the key containerd
+	// stores here, "<namespace>/<n>/<key>".
+	Namespace  string `json:"namespace"`
+	Key        string `json:"key"`
+	BackendKey string `json:"backend_key"`
+	Kind       string `json:"kind"`
+	Parent     string `json:"parent"`
+	Layers     int    `json:"layers"`
+	Size       int64  `json:"size"`
+	Inodes     int64  `json:"inodes"`
 }
 
 func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow, error) {
@@ -38,21 +44,42 @@ func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow
 	for _, info := range infos {
 		parents[info.Name] = info.Parent
 	}
-	rows := make([]snapshotRow, 0, len(infos))
+	rows := make([]snapshotRow, 0, len(infos)) // never nil: `ls --json` prints []
 	for _, info := range infos {
 		// A snapshot's layers are its parents plus itself.
 		layers := 1
 		for p := info.Parent; p != "" && layers <= len(infos); p = parents[p] {
 			layers++
 		}
-		row := snapshotRow{Key: info.Name, Kind: info.Kind.String(), Parent: info.Parent, Layers: layers}
+		ns, key := splitBackendKey(info.Name)
+		_, parent := splitBackendKey(info.Parent)
+		row := snapshotRow{Namespace: ns, Key: key, BackendKey: info.Name, Kind: info.Kind.String(), Parent: parent, Layers: layers}
 		if u, err := sn.Usage(ctx, info.Name); err == nil {
 			row.Size, row.Inodes = u.Size, u.Inodes
 		}
 		rows = append(rows, row)
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].Key < rows[j].Key })
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Namespace != rows[j].Namespace {
+			return rows[i].Namespace < rows[j].Namespace
+		}
+		return rows[i].Key < rows[j].Key
+	})
 	return rows, nil
+}
+
+// splitBackendKey undoes containerd's metadata prefix "<namespace>/<n>/"
+// on keys it hands to snapshotters; other keys are returned unchanged.
+func splitBackendKey(k string) (namespace, key string) {
+	ns, rest, ok := strings.Cut(k, "/")
+	if !ok {
+		return "", k
+	}
+	n, key, ok := strings.Cut(rest, "/")
+	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return "", k
+	}
+	return ns, key
 }
 
 func lsCommand() *cli.Command {
@@ -74,9 +101,9 @@ func lsCommand() *cli.Command {
 				return printJSON(rows)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "KEY\tKIND\tPARENT\tLAYERS\tSIZE")
+			fmt.Fprintln(w, "NAMESPACE\tKEY\tKIND\tPARENT\tLAYERS\tSIZE")
 			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.Namespace, r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
 			}
 			return w.Flush()
 		},
