@@ -10,7 +10,9 @@ package cri
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -34,8 +36,27 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
 			code = 1
 		}
+		if err := checkNetworkRemoved(sharedEnv.CRI); err != nil {
+			fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
+}
+
+// checkNetworkRemoved fails if teardown left the pods' bridge or libcni
+// cache entries of the network behind.
+func checkNetworkRemoved(cri *harness.CRI) error {
+	if cri == nil {
+		return nil
+	}
+	if _, err := net.InterfaceByName(cri.Network.Bridge); err == nil {
+		return fmt.Errorf("bridge %s still exists after teardown", cri.Network.Bridge)
+	}
+	if left, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", cri.Network.Name+"-*")); len(left) > 0 {
+		return fmt.Errorf("CNI results left after teardown: %v", left)
+	}
+	return nil
 }
 
 // testEnv returns the CRI-enabled environment shared by the package's tests,
