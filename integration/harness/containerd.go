@@ -36,6 +36,7 @@ type configParams struct {
 	proxyAddress   string // grouped-snapshotter socket; "" registers no proxy
 	proxyRoot      string
 	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
+	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd 2.0 reads them
 	containerdRoot string
 	state          string
 	address        string
@@ -72,6 +73,11 @@ func renderConfig(p configParams) string {
 	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n\n")
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.grpc']\n  address = %s\n\n", q(p.address))
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.ttrpc']\n  address = %s\n\n", q(p.address+".ttrpc"))
+	if p.grpcTopLevel {
+		// containerd 2.0 has no server plugins: without these it would
+		// serve on /run/containerd/containerd.sock.
+		fmt.Fprintf(&b, "[grpc]\n  address = %s\n\n[ttrpc]\n  address = %s\n\n", q(p.address), q(p.address+".ttrpc"))
+	}
 	if p.proxyAddress != "" {
 		fmt.Fprintf(&b, "[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = %s\n", q(p.proxyAddress))
 		fmt.Fprintf(&b, "  capabilities = [\"remap-ids\", \"rebase\"]\n")

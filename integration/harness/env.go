@@ -200,6 +200,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if sock := filepath.Join(e.Dir, "s"); len(sock) <= 42 && shimSocketDirSupported(e.ContainerdVersion) {
 		p.shimSocketDir = sock
 	}
+	p.grpcTopLevel = e.ContainerdVersion == ContainerdV2_0
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -20,6 +21,15 @@ const (
 	SetuidFile = "/layers/setuid"
 	OwnedUID   = 1000
 	OwnedGID   = 1000
+	// WhiteoutFile is in layer 1; layer 4, in images with at least 4
+	// layers, deletes it (an OCI whiteout).
+	WhiteoutFile = "/wh/gone"
+	// OpaqueDir holds OpaqueOld in layer 1; layer 4, in images with at
+	// least 4 layers, replaces the directory (an opaque whiteout) with one
+	// holding only OpaqueNew.
+	OpaqueDir = "/opq"
+	OpaqueOld = OpaqueDir + "/old"
+	OpaqueNew = OpaqueDir + "/new"
 )
 
 // hostBusybox is Debian's busybox-static binary.
@@ -115,11 +125,16 @@ func writeBaseLayer(path, name string) error {
 	b.file(LayerFile(1)[1:], 0o644, 0, 0, LayerContent(name, 1))
 	b.dir("root", 0o700)
 	b.dir("tmp", 0o1777)
+	b.dir(filepath.Dir(WhiteoutFile)[1:], 0o755)
+	b.file(WhiteoutFile[1:], 0o644, 0, 0, "deleted by layer 4\n")
+	b.dir(OpaqueDir[1:], 0o755)
+	b.file(OpaqueOld[1:], 0o644, 0, 0, "hidden by layer 4\n")
 	return b.writeTo(path)
 }
 
-// writeLayer writes layer n > 1: LayerFile(n), plus OwnedFile in layer 2 and
-// SetuidFile in layer 3.
+// writeLayer writes layer n > 1: LayerFile(n), plus OwnedFile in layer 2,
+// SetuidFile in layer 3, and the whiteouts of WhiteoutFile and OpaqueDir in
+// layer 4.
 func writeLayer(path, name string, n int) error {
 	b := newTar()
 	b.dir("layers", 0o755)
@@ -129,6 +144,12 @@ func writeLayer(path, name string, n int) error {
 		b.file(OwnedFile[1:], 0o644, OwnedUID, OwnedGID, "owned by 1000:1000\n")
 	case 3:
 		b.file(SetuidFile[1:], 0o4755, 0, 0, "setuid root\n")
+	case 4:
+		dir, name := filepath.Split(WhiteoutFile[1:])
+		b.file(dir+".wh."+name, 0o644, 0, 0, "")
+		b.dir(OpaqueDir[1:], 0o755)
+		b.file(OpaqueDir[1:]+"/.wh..wh..opq", 0o644, 0, 0, "")
+		b.file(OpaqueNew[1:], 0o644, 0, 0, "added by layer 4\n")
 	}
 	return b.writeTo(path)
 }

@@ -1,0 +1,133 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// containerd releases an Env can run. runc and crane come from the tools
+// directory for all of them.
+const (
+	// ContainerdV2_4 is containerd v2.4.2 from the tools directory
+	// (.tools/bin): the default.
+	ContainerdV2_4 = "v2.4.2"
+	// ContainerdV2_0 is containerd v2.0.5 (its containerd, ctr and
+	// containerd-shim-runc-v2) from <tools dir>/../containerd-v2.0.5/bin: a
+	// release whose shim still makes one idmapped mount per layer.
+	ContainerdV2_0 = "v2.0.5"
+)
+
+// ContainerdVersions lists the containerd releases the harness supports.
+var ContainerdVersions = []string{ContainerdV2_4, ContainerdV2_0}
+
+// containerdBinaries are the binaries that come with a containerd release.
+var containerdBinaries = []string{"containerd", "ctr", "containerd-shim-runc-v2"}
+
+// containerdDir returns the directory holding version's containerd
+// binaries.
+func containerdDir(tools Tools, version string) (string, error) {
+	switch version {
+	case ContainerdV2_4:
+		return tools.Dir, nil
+	case ContainerdV2_0:
+		return filepath.Join(filepath.Dir(tools.Dir), "containerd-"+version, "bin"), nil
+	}
+	return "", fmt.Errorf("unknown containerd version %q (want one of %s)", version, strings.Join(ContainerdVersions, ", "))
+}
+
+// useContainerd points e.Tools at version's containerd, ctr and shim. For
+// a release other than the tools directory's own it fills <e.Dir>/tools
+// with links to that release's binaries and to the other tools, so that
+// containerd finds that release's shim on PATH and the shim finds runc
+// there too. It checks that the containerd binary reports version.
+func (e *Env) useContainerd(ctx context.Context, version string) error {
+	dir, err := containerdDir(e.Tools, version)
+	if err != nil {
+		return err
+	}
+	if dir != e.Tools.Dir {
+		links := filepath.Join(e.Dir, "tools")
+		if err := mkdirs(0o755, links); err != nil {
+			return err
+		}
+		for _, name := range slices.Concat(containerdBinaries, requiredTools) {
+			target := e.Tools.Path(name)
+			if slices.Contains(containerdBinaries, name) {
+				target = filepath.Join(dir, name)
+			}
+			if _, err := os.Stat(target); err != nil {
+				return fmt.Errorf("containerd %s: %w (run hack/install-tools.sh)", version, err)
+			}
+			if err := os.Symlink(target, filepath.Join(links, name)); err != nil && !os.IsExist(err) {
+				return fmt.Errorf("link %s: %w", name, err)
+			}
+		}
+		e.Tools = Tools{Dir: links}
+	}
+	out, err := exec.CommandContext(ctx, e.Tools.Path("containerd"), "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s --version: %w: %s", e.Tools.Path("containerd"), err, bytes.TrimSpace(out))
+	}
+	// "containerd github.com/containerd/containerd/v2 2.0.5+unknown"
+	if !strings.Contains(string(out), " "+strings.TrimPrefix(version, "v")) {
+		return fmt.Errorf("%s reports %q, want containerd %s", e.Tools.Path("containerd"), bytes.TrimSpace(out), version)
+	}
+	e.ContainerdVersion = version
+	return nil
+}
+
+// shimSocketDirSupported reports whether version's shim manager accepts
+// socket_dir (added after 2.0). Without it shims put their sockets in
+// /run/containerd/s, named by a hash of containerd's address, namespace and
+// id, and remove them when they exit.
+func shimSocketDirSupported(version string) bool { return version != ContainerdV2_0 }
+
+// writeSnapshotterConfig writes the daemon's config file: empty, so that a
+// host's /etc/grouped-snapshotter/config.toml cannot leak into the tests,
+// or with the idmap mode when one is chosen.
+func writeSnapshotterConfig(path, idmapMode string) error {
+	var cfg string
+	if idmapMode != "" {
+		cfg = "idmap = " + strconv.Quote(idmapMode) + "\n"
+	}
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return fmt.Errorf("write snapshotter config: %w", err)
+	}
+	return nil
+}
+
+// PullLocal pulls ref with ctr's client-side pull (--local), unpacking it
+// with the named snapshotter. Unlike Pull it needs no transfer-service
+// unpack configuration, so any snapshotter of the private containerd (the
+// built-in overlayfs next to grouped, say) can be compared on one Env.
+func (e *Env) PullLocal(ctx context.Context, ref, snapshotter string) error {
+	_, err := e.Ctr(ctx, "images", "pull", "--local", "--snapshotter", snapshotter,
+		"--hosts-dir", e.Containerd.HostsDir, ref)
+	return err
+}
+
+// snapshotterConfigPath is the daemon's --config file in an Env's directory.
+func snapshotterConfigPath(envDir string) string { return filepath.Join(envDir, "gs.toml") }
+
+// applyReleaseOptions selects the containerd release and writes the
+// snapshotter's config before anything starts.
+func (e *Env) applyReleaseOptions(ctx context.Context, opts Options) error {
+	version := opts.Containerd
+	if version == "" {
+		version = ContainerdV2_4
+	}
+	if err := e.useContainerd(ctx, version); err != nil {
+		return err
+	}
+	if opts.IDMap != "" && e.SnapshotterName != SnapshotterGrouped {
+		return fmt.Errorf("idmap mode %q needs the %s snapshotter, not %s", opts.IDMap, SnapshotterGrouped, e.SnapshotterName)
+	}
+	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap)
+}
