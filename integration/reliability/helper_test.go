@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -45,7 +46,9 @@ func attempt(op, path string) error {
 		}
 		defer f.Close()
 		if st, err := f.Stat(); err == nil && st.IsDir() {
-			_, err = f.Readdirnames(1)
+			if _, err = f.Readdirnames(1); err == io.EOF {
+				return nil // an empty directory was read
+			}
 			return err
 		}
 		_, err = f.Read(make([]byte, 1))
