@@ -18,6 +18,10 @@ func TestMain(m *testing.M) {
 		os.Exit(runHelper())
 	}
 	code := m.Run()
+	if err := closeEnv(code != 0); err != nil {
+		fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
+		code = 1
+	}
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
