@@ -126,7 +126,8 @@ func TestCRIUsernsPodSharesOneView(t *testing.T) {
 // its view only.
 func TestCRIUsernsTwoMappingsTwoViews(t *testing.T) {
 	env := testEnv(t)
-	one, _ := usernsImages(t, env)
+	one := buildImage(t, env, harness.ImageSpec{Name: "userns-one", Layers: 1})
+	criPull(t, env, one)
 	base := len(views(t, env))
 
 	podA := runPod(t, env, "userns-a", &mappingA)
