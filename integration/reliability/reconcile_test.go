@@ -1,0 +1,97 @@
+package reliability
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestStartupReconciliation kills the daemon, leaves what a crash leaves
+// (a half-made temporary directory, upper and work directories without
+// metadata, a view mounted that no snapshot uses), and restarts it: it
+// removes exactly those, logs each repair, and mounts nothing in advance
+// (a view of a live snapshot that went missing comes back only when
+// Mounts asks for it).
+func TestStartupReconciliation(t *testing.T) {
+	d := startDaemon(t)
+	ctx := t.Context()
+	top := commitLayers(t, d.sn, "reconcile/base", "", 2)
+	if _, err := d.sn.Prepare(ctx, "reconcile/container", top, remapLabels(100000)); err != nil {
+		t.Fatal(err)
+	}
+	live, err := viewMountNames(d.Root)
+	if err != nil || len(live) != 1 {
+		t.Fatalf("views before the crash: %v %v", live, err)
+	}
+	if err := d.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	before := rootState(t, d.Root)
+
+	leftovers := []string{
+		filepath.Join(d.Root, "t", "new-4242"),
+		filepath.Join(d.Root, "l", "zzz"),
+		filepath.Join(d.Root, "w", "zzz"),
+	}
+	for _, dir := range leftovers {
+		if err := os.MkdirAll(filepath.Join(dir, "fs", "half"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A view no snapshot uses: mounted at a name the registry does not know.
+	stale := filepath.Join(d.Root, "v", "zz")
+	if err := os.Mkdir(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(filepath.Join(d.Root, "l"), stale, "", unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The live snapshot's view disappears (someone unmounted it).
+	liveView := filepath.Join(d.Root, "v", live[0])
+	if err := unix.Unmount(liveView, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+
+	logBefore := len(d.log(t))
+	if err := d.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logged := d.log(t)[logBefore:]
+	for _, dir := range leftovers {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("start left %s (%v)", dir, err)
+		}
+		if !strings.Contains(logged, "removed orphaned directory") || !strings.Contains(logged, dir) {
+			t.Errorf("the log does not report removing %s:\n%s", dir, logged)
+		}
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("start left the stale view %s (%v)", stale, err)
+	}
+	for _, want := range []string{"removed stale view no snapshot uses", stale, "startup reconciliation done", "orphans_removed=3", "views_removed=1"} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("the start log does not say %q:\n%s", want, logged)
+		}
+	}
+	mounted, err := viewMountNames(d.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mounted) != 0 {
+		t.Errorf("start mounted views in advance: %v", mounted)
+	}
+	// The live view's directory is there, unmounted: compare without it.
+	if after := rootState(t, d.Root); after != strings.ReplaceAll(before, "mount "+liveView+"\n", "") {
+		t.Errorf("start changed live state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if _, err := d.sn.Mounts(ctx, "reconcile/container"); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, err := viewMountNames(d.Root); err != nil || len(mounted) != 1 || mounted[0] != live[0] {
+		t.Errorf("Mounts did not bring back the view %s: %v %v", live[0], mounted, err)
+	}
+	t.Logf("start removed %d orphaned directories and 1 stale view, and mounted nothing until asked", len(leftovers))
+}
