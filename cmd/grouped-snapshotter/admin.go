@@ -87,12 +87,7 @@ func lsCommand() *cli.Command {
 		Name:  "ls",
 		Usage: "list snapshots: key, kind, parent, layers, size",
 		Flags: clientFlags(),
-		Action: func(c *cli.Context) error {
-			d, err := dial(c)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
+		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			rows, err := listSnapshots(c.Context, d.snapshotter())
 			if err != nil {
 				return err
@@ -106,7 +101,7 @@ func lsCommand() *cli.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.Namespace, r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
 			}
 			return w.Flush()
-		},
+		}),
 	}
 }
 
@@ -122,12 +117,7 @@ func usageCommand() *cli.Command {
 		Name:  "usage",
 		Usage: "disk usage by snapshot kind",
 		Flags: clientFlags(),
-		Action: func(c *cli.Context) error {
-			d, err := dial(c)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
+		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			rows, err := listSnapshots(c.Context, d.snapshotter())
 			if err != nil {
 				return err
@@ -148,7 +138,7 @@ func usageCommand() *cli.Command {
 			}
 			fmt.Fprintf(w, "total\t%d\t%s\n", len(rows), humanBytes(rep.Total))
 			return w.Flush()
-		},
+		}),
 	}
 }
 
@@ -157,12 +147,7 @@ func viewsCommand() *cli.Command {
 		Name:  "views",
 		Usage: "list the idmapped views: mapping, users, mount point",
 		Flags: clientFlags(),
-		Action: func(c *cli.Context) error {
-			d, err := dial(c)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
+		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			var views []snapshot.ViewInfo
 			if err := server.CallAdmin(c.Context, d.conn, "Views", &views); err != nil {
 				return fmt.Errorf("list views: %w", err)
@@ -179,7 +164,7 @@ func viewsCommand() *cli.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", v.Name, v.UIDMap, v.GIDMap, v.Users, v.Path, v.Mounted)
 			}
 			return w.Flush()
-		},
+		}),
 	}
 }
 
@@ -188,12 +173,7 @@ func gcCommand() *cli.Command {
 		Name:  "gc",
 		Usage: "remove directories no snapshot owns (what Cleanup removes)",
 		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed"}),
-		Action: func(c *cli.Context) error {
-			d, err := dial(c)
-			if err != nil {
-				return err
-			}
-			defer d.Close()
+		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			method := "Cleanup"
 			if c.Bool("dry-run") {
 				method = "Orphans"
@@ -217,7 +197,7 @@ func gcCommand() *cli.Command {
 			}
 			fmt.Printf("%d orphaned directories %s\n", len(paths), verb)
 			return nil
-		},
+		}),
 	}
 }
 

@@ -56,6 +56,18 @@ func dialAddress(ctx context.Context, address string) (*daemonClient, error) {
 	return &daemonClient{address: address, conn: conn}, nil
 }
 
+// withDaemon runs fn with a connection to the daemon, closed afterwards.
+func withDaemon(fn func(c *cli.Context, d *daemonClient) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		d, err := dial(c)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return fn(c, d)
+	}
+}
+
 func (d *daemonClient) snapshotter() snapshots.Snapshotter {
 	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(d.conn), plugin.Name)
 }
