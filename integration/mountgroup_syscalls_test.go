@@ -151,7 +151,9 @@ func testMountgroupSyscalls(t *testing.T, env *harness.Env, rel mgRelease, refs 
 				}
 			}
 			if sn == harness.SnapshotterGrouped {
-				row.checkFlat(t, rel.layers)
+				row.checkFlat(t, rel.layers, func(n int) startCount {
+					return traceStart(t, env, sn, refs[n], extra)
+				})
 			}
 		}
 	}
@@ -184,21 +186,30 @@ func (r *syscallRow) set(n int, c startCount) {
 }
 
 // checkFlat fails unless the snapshot-side count is the same at every
-// layer count that must run.
-func (r *syscallRow) checkFlat(t *testing.T, layers []int) {
+// layer count that must run. A count that differs is measured again once:
+// a shim retries an unmount that meets EBUSY, which is noise, whereas a
+// cost that grows with the layer count shows up every time.
+func (r *syscallRow) checkFlat(t *testing.T, layers []int, remeasure func(n int) startCount) {
 	t.Helper()
-	want := -1
-	for _, n := range layers {
-		c, ok := r.byLayers[n]
-		if !ok || c.err != nil {
+	base := r.byLayers[layers[0]]
+	if base.err != nil {
+		return // reported by the caller
+	}
+	want := base.snapshot.Total()
+	for _, n := range layers[1:] {
+		c := r.byLayers[n]
+		if c.err != nil || c.snapshot.Total() == want {
 			continue
 		}
-		if want < 0 {
-			want = c.snapshot.Total()
-		} else if got := c.snapshot.Total(); got != want {
-			t.Errorf("%s %s userns=%v: %d mount syscalls at %d layers, %d at %d layers: want the same at every layer count (%s)",
-				r.version, r.snapshotter, r.userns, got, n, want, layers[0], c.snapshot)
+		again := remeasure(n)
+		t.Logf("%s %s userns=%v: %d mount syscalls at %d layers (%s), %d at %d layers; measured again: %s",
+			r.version, r.snapshotter, r.userns, c.snapshot.Total(), n, c.snapshot, want, layers[0], again.cell())
+		if again.err != nil || again.snapshot.Total() != want {
+			t.Errorf("%s %s userns=%v: %s mount syscalls at %d layers (%s), %d at %d layers: want the same at every layer count",
+				r.version, r.snapshotter, r.userns, again.cell(), n, again.snapshot, want, layers[0])
+			continue
 		}
+		r.byLayers[n] = again
 	}
 }
 

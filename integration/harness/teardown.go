@@ -137,6 +137,7 @@ func (e *Env) killLeftoverTasks() error {
 	for _, pid := range pids {
 		waitGone(pid, 5*time.Second)
 	}
+	errs = append(errs, removeShimSockets(e.Containerd.Address, bundles))
 	return errors.Join(errs...)
 }
 

@@ -3,6 +3,8 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -130,4 +132,27 @@ func (e *Env) applyReleaseOptions(ctx context.Context, opts Options) error {
 		return fmt.Errorf("idmap mode %q needs the %s snapshotter, not %s", opts.IDMap, SnapshotterGrouped, e.SnapshotterName)
 	}
 	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap)
+}
+
+// shimSocketRoot is where shims without a socket_dir (containerd 2.0, or a
+// socket_dir path too long) put their sockets.
+const shimSocketRoot = runDir + "/s"
+
+// removeShimSockets removes the sockets in shimSocketRoot of the killed
+// shims of bundles (<state>/.../<namespace>/<id>): a shim removes its
+// socket only when it exits cleanly. A shim names its socket
+// sha256(<containerd address>/<namespace>/<id>[/debug]), so only this Env's
+// sockets can match.
+func removeShimSockets(address string, bundles []string) error {
+	var errs []error
+	for _, b := range bundles {
+		base := filepath.Join(address, filepath.Base(filepath.Dir(b)), filepath.Base(b))
+		for _, name := range []string{base, filepath.Join(base, "debug")} {
+			path := filepath.Join(shimSocketRoot, fmt.Sprintf("%x", sha256.Sum256([]byte(name))))
+			if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
+				errs = append(errs, os.Remove(path))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
