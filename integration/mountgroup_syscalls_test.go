@@ -191,22 +191,29 @@ func (r *syscallRow) set(n int, c startCount) {
 // cost that grows with the layer count shows up every time.
 func (r *syscallRow) checkFlat(t *testing.T, layers []int, remeasure func(n int) startCount) {
 	t.Helper()
-	base := r.byLayers[layers[0]]
-	if base.err != nil {
-		return // reported by the caller
+	// The count most layer counts agree on (the smallest on a tie).
+	seen := map[int]int{}
+	want := -1
+	for _, n := range layers {
+		if c := r.byLayers[n]; c.err == nil {
+			k := c.snapshot.Total()
+			seen[k]++
+			if want < 0 || seen[k] > seen[want] || (seen[k] == seen[want] && k < want) {
+				want = k
+			}
+		}
 	}
-	want := base.snapshot.Total()
-	for _, n := range layers[1:] {
+	for _, n := range layers {
 		c := r.byLayers[n]
 		if c.err != nil || c.snapshot.Total() == want {
-			continue
+			continue // a failed start is reported by the caller
 		}
 		again := remeasure(n)
-		t.Logf("%s %s userns=%v: %d mount syscalls at %d layers (%s), %d at %d layers; measured again: %s",
-			r.version, r.snapshotter, r.userns, c.snapshot.Total(), n, c.snapshot, want, layers[0], again.cell())
+		t.Logf("%s %s userns=%v: %d mount syscalls at %d layers (%s), %d elsewhere; measured again: %s",
+			r.version, r.snapshotter, r.userns, c.snapshot.Total(), n, c.snapshot, want, again.cell())
 		if again.err != nil || again.snapshot.Total() != want {
-			t.Errorf("%s %s userns=%v: %s mount syscalls at %d layers (%s), %d at %d layers: want the same at every layer count",
-				r.version, r.snapshotter, r.userns, again.cell(), n, again.snapshot, want, layers[0])
+			t.Errorf("%s %s userns=%v: %s mount syscalls at %d layers (%s), %d at other layer counts %v: want the same at every layer count",
+				r.version, r.snapshotter, r.userns, again.cell(), n, again.snapshot, want, layers)
 			continue
 		}
 		r.byLayers[n] = again

@@ -42,15 +42,14 @@ const (
 var traceCount atomic.Int64
 
 // MountTrace counts mount-family syscalls of a set of processes and of
-// every process they fork while it runs. It uses a private tracefs
+// every process they fork while it runs. It uses its own tracefs mount and
 // instance, so global tracing and other tracers (including other test
 // binaries) are left alone; strace would break containerd's userns helper,
 // which relies on PTRACE_TRACEME.
 type MountTrace struct {
 	// instance is the tracefs instance directory.
 	instance string
-	// mountPoint is the private tracefs mount made for this trace, or ""
-	// when an existing tracefs mount is used.
+	// mountPoint is the private tracefs mount made for this trace.
 	mountPoint string
 	stopped    bool
 }
@@ -191,7 +190,7 @@ func (tr *MountTrace) read() (MountCounts, error) {
 	return ParseTrace(f)
 }
 
-// release removes the instance and unmounts the private tracefs mount.
+// release removes the instance and the private tracefs mount.
 func (tr *MountTrace) release() error {
 	var errs []error
 	if tr.instance != "" {
@@ -201,7 +200,8 @@ func (tr *MountTrace) release() error {
 		tr.instance = ""
 	}
 	if tr.mountPoint != "" {
-		if err := syscall.Unmount(tr.mountPoint, 0); err != nil {
+		// Detached, in case another tracer found the mount and uses it.
+		if err := syscall.Unmount(tr.mountPoint, syscall.MNT_DETACH); err != nil {
 			errs = append(errs, fmt.Errorf("unmount tracefs at %s: %w", tr.mountPoint, err))
 		} else if err := os.Remove(tr.mountPoint); err != nil {
 			errs = append(errs, err)
@@ -211,21 +211,10 @@ func (tr *MountTrace) release() error {
 	return errors.Join(errs...)
 }
 
-// tracefsRoot returns a mounted tracefs: an existing mount if there is one,
-// otherwise a private mount it makes (mountPoint is then set, and the
-// caller unmounts it). All mounts of tracefs share one set of instances.
+// tracefsRoot mounts tracefs privately for one trace; the caller unmounts
+// it. Another tracer's mount is never reused: its owner may unmount it while
+// this trace runs. All mounts of tracefs share one set of instances.
 func tracefsRoot() (root, mountPoint string, err error) {
-	mounts, err := ReadMountinfo()
-	if err != nil {
-		return "", "", err
-	}
-	for _, m := range mounts {
-		if m.FSType == "tracefs" && !slices.Contains(strings.Split(m.MountOptions, ","), "ro") {
-			if _, err := os.Stat(filepath.Join(m.MountPoint, "instances")); err == nil {
-				return m.MountPoint, "", nil
-			}
-		}
-	}
 	dir, err := os.MkdirTemp("", "gs-tracefs-")
 	if err != nil {
 		return "", "", fmt.Errorf("create tracefs mount point: %w", err)
