@@ -43,6 +43,8 @@ type configParams struct {
 	// cri, when set, is the CRI plugins' TOML (see criConfig); CRI stays
 	// disabled otherwise.
 	cri string
+	// extra is TOML appended at the end (Options.ContainerdConfig).
+	extra string
 }
 
 // disabledPlugins keeps CRI out of the private containerd: the tests drive
@@ -92,6 +94,9 @@ func renderConfig(p configParams) string {
 	fmt.Fprintf(&b, "  platform = \"linux/amd64\"\n  snapshotter = %s\n  differ = \"walking\"\n", q(p.snapshotter))
 	if p.cri != "" {
 		b.WriteString("\n" + p.cri)
+	}
+	if p.extra != "" {
+		b.WriteString("\n" + p.extra + "\n")
 	}
 	return b.String()
 }

@@ -44,6 +44,10 @@ type Options struct {
 	// CRI enables containerd's CRI plugin, with a CNI network and sandbox
 	// image of the harness's own, for crictl and nerdctl (see Env.CRI).
 	CRI bool
+	// ContainerdConfig is TOML appended to the generated containerd config,
+	// e.g. a transfer-service setting a benchmark turns on for every
+	// snapshotter alike.
+	ContainerdConfig string
 }
 
 // Env is one private registry + grouped-snapshotter + containerd.
@@ -67,6 +71,7 @@ type Env struct {
 	logf      func(format string, args ...any)
 	hostState hostState
 	withCRI   bool
+	extraTOML string
 	closed    bool
 }
 
@@ -112,6 +117,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		logf:            opts.Logf,
 		hostState:       recordHostState(),
 		withCRI:         opts.CRI,
+		extraTOML:       opts.ContainerdConfig,
 	}
 	defer func() {
 		if err != nil {
@@ -204,6 +210,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 	}
+	p.extra = e.extraTOML
 	if e.withCRI {
 		cri, err := e.setupCRI(ctx, c)
 		if err != nil {

@@ -1,0 +1,143 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// API operations measured in scenario 4, in the order of a cycle.
+const (
+	opPrepare         = "Prepare"
+	opMounts          = "Mounts"
+	opCommit          = "Commit"
+	opRemove          = "Remove"
+	opPrepareNew      = "Prepare, new mapping"
+	opMountsMapped    = "Mounts, mapping in use"
+	opPrepareExisting = "Prepare, mapping in use"
+	opRemoveShared    = "Remove, mapping still used"
+	opRemoveLast      = "Remove, last of its mapping"
+)
+
+// APIOps lists the operations in table order.
+var APIOps = []string{opPrepare, opMounts, opCommit, opRemove, opPrepareNew, opMountsMapped, opPrepareExisting, opRemoveShared, opRemoveLast}
+
+// APIRow is one operation's latencies in one repetition of one contender.
+type APIRow struct {
+	Contender string
+	Rep       int
+	Op        string
+	N         int
+	P50, P99  time.Duration
+	// MountSyscalls per call, from a separate traced pass (tracing is off
+	// while latencies are taken).
+	MountSyscalls float64
+}
+
+// apiContenders are the contenders with a socket: containerd's overlayfs
+// is built into containerd.
+var apiContenders = []Contender{Contenders[0], Contenders[1]}
+
+// runAPI is scenario 4: per repetition and contender (interleaved), a
+// fresh daemon, cfg.APIOps cycles of every operation on a chain of
+// cfg.APIParentLayers layers, timed at the client (containerd's proxy
+// client over the socket). A final traced pass counts the mount syscalls
+// the daemon makes per call.
+func runAPI(ctx context.Context, cfg Config, bin, dir string) ([]APIRow, error) {
+	var rows []APIRow
+	for rep := range cfg.Reps + 1 {
+		traced := rep == cfg.Reps
+		for _, i := range rotation(rep, len(apiContenders)) {
+			c := apiContenders[i]
+			d, err := startDaemon(ctx, bin, filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap)
+			if err != nil {
+				return rows, err
+			}
+			n := cfg.APIOps
+			if traced {
+				n = min(n, 20)
+			}
+			lat, calls, err := apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
+			if cerr := d.close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return rows, fmt.Errorf("API %s: %w", c.Name, err)
+			}
+			for _, op := range APIOps {
+				if traced {
+					// Attach the counts to this contender's timed rows.
+					for j := range rows {
+						if rows[j].Contender == c.Name && rows[j].Op == op {
+							rows[j].MountSyscalls = float64(calls[op]) / float64(n)
+						}
+					}
+					continue
+				}
+				rows = append(rows, APIRow{Contender: c.Name, Rep: rep, Op: op, N: len(lat[op]),
+					P50: Percentile(lat[op], 50), P99: Percentile(lat[op], 99)})
+			}
+			if !traced {
+				cfg.Logf("API %s rep %d: Prepare new mapping p50 %s, Mounts mapping in use p50 %s", c.Name, rep,
+					Percentile(lat[opPrepareNew], 50), Percentile(lat[opMountsMapped], 50))
+			}
+		}
+	}
+	return rows, nil
+}
+
+// apiCycles runs n cycles of APIOps on d and returns each call's latency by
+// operation; traced, it times nothing and counts the daemon's mount
+// syscalls per operation instead.
+func apiCycles(ctx context.Context, d *daemon, parentLayers, n int, traced bool) (map[string][]time.Duration, map[string]int, error) {
+	parent, err := d.chain(ctx, "base", "", parentLayers)
+	if err != nil {
+		return nil, nil, err
+	}
+	lat := map[string][]time.Duration{}
+	calls := map[string]int{}
+	for i := range n {
+		m := burstMapping + Mapping(i)*65536
+		a, u, v := fmt.Sprintf("a%d", i), fmt.Sprintf("u%d", i), fmt.Sprintf("v%d", i)
+		steps := []struct {
+			op string
+			fn func() error
+		}{
+			{opPrepare, func() error { _, err := d.sn.Prepare(ctx, a, parent); return err }},
+			{opMounts, func() error { _, err := d.sn.Mounts(ctx, a); return err }},
+			{opCommit, func() error { return d.sn.Commit(ctx, "c"+a, a) }},
+			{opRemove, func() error { return d.sn.Remove(ctx, "c"+a) }},
+			{opPrepareNew, func() error { _, err := d.sn.Prepare(ctx, u, parent, mappingLabels(m)); return err }},
+			{opMountsMapped, func() error { _, err := d.sn.Mounts(ctx, u); return err }},
+			{opPrepareExisting, func() error { _, err := d.sn.Prepare(ctx, v, parent, mappingLabels(m)); return err }},
+			{opRemoveShared, func() error { return d.sn.Remove(ctx, v) }},
+			{opRemoveLast, func() error { return d.sn.Remove(ctx, u) }},
+		}
+		for _, s := range steps {
+			var tr *harness.MountTrace
+			if traced {
+				if tr, err = harness.StartMountTrace(d.PID()); err != nil {
+					return nil, nil, err
+				}
+			}
+			t0 := time.Now()
+			err := s.fn()
+			dt := time.Since(t0)
+			if traced {
+				counts, terr := tr.Stop()
+				if terr != nil {
+					return nil, nil, terr
+				}
+				calls[s.op] += counts.Total()
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s (cycle %d): %w", s.op, i, err)
+			}
+			lat[s.op] = append(lat[s.op], dt)
+		}
+	}
+	return lat, calls, nil
+}

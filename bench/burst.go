@@ -1,0 +1,197 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// BurstRow is one burst of one contender.
+type BurstRow struct {
+	Version, Contender string
+	Shape              BurstShape
+	Rep                int
+	// Observed marks the extra run per contender that traces syscalls and
+	// samples mountinfo; timed runs do neither, so that the observation
+	// does not slow some contenders more than others.
+	Observed bool
+	// Seconds is the time from launching every `ctr run -d` at once until
+	// the last of them returned, its task running.
+	Seconds float64
+	// PeakMountinfo is the highest number of /proc/self/mountinfo entries
+	// sampled during the burst (every 10 ms), above the number before it.
+	PeakMountinfo int
+	// UsernsForks are the user namespaces created on the snapshot side
+	// (shim, containerd, ctr, snapshotter) to obtain a user-namespace fd;
+	// RuncUserns are runc's own, one per container.
+	UsernsForks, RuncUserns int
+	// MountSyscalls are the snapshot side's mount-family syscalls, and
+	// RuncMountSyscalls runc's.
+	MountSyscalls, RuncMountSyscalls int
+	Err                              string
+}
+
+// runBursts is scenario 2 on one stage: for every shape, Reps timed bursts
+// per contender, interleaved, then one observed burst per contender.
+func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) ([]BurstRow, error) {
+	var rows []BurstRow
+	for _, shape := range cfg.Bursts {
+		for rep := range cfg.Reps + 1 {
+			observed := rep == cfg.Reps
+			for _, i := range rotation(rep, len(Contenders)) {
+				row, err := burst(ctx, st.envs[i], refs[shape.Layers], shape, observed)
+				if err != nil {
+					return rows, fmt.Errorf("burst %s with %s on %s: %w", shape, Contenders[i].Name, st.version, err)
+				}
+				row.Version, row.Contender, row.Rep = st.version, Contenders[i].Name, rep
+				rows = append(rows, row)
+				st.logf("burst %s %s %s rep %d observed=%v: %.2fs peak mountinfo +%d, userns forks %d, mount syscalls %d %s",
+					st.version, shape, row.Contender, rep, observed, row.Seconds, row.PeakMountinfo, row.UsernsForks, row.MountSyscalls, row.Err)
+			}
+		}
+	}
+	return rows, nil
+}
+
+// burst starts shape's containers at once on env, waits for all, then
+// removes them and waits until their snapshots are gone.
+func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, observed bool) (row BurstRow, err error) {
+	row.Shape, row.Observed = shape, observed
+	before, err := settledState(env)
+	if err != nil {
+		return row, err
+	}
+	ids := make([]string, shape.Containers())
+	for i := range ids {
+		ids[i] = containerID("burst")
+	}
+	defer func() {
+		err = errors.Join(err, removeAll(ctx, env, ids), waitSettled(ctx, env, before))
+	}()
+
+	var (
+		mtr     *harness.MountTrace
+		utr     *usernsTrace
+		sampler *mountinfoSampler
+	)
+	if observed {
+		if mtr, err = harness.StartMountTrace(pids(env)...); err != nil {
+			return row, err
+		}
+		if utr, err = startUsernsTrace(pids(env)); err != nil {
+			_, _ = mtr.Stop()
+			return row, err
+		}
+		if sampler, err = startMountinfoSampler(10 * time.Millisecond); err != nil {
+			_, _ = mtr.Stop()
+			_, _ = utr.stop()
+			return row, err
+		}
+	}
+
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i, id := range ids {
+		m := burstMapping + Mapping(i/shape.PerMapping)*65536
+		args := append([]string{"run", "-d", "--null-io", "--snapshotter", env.SnapshotterName}, m.flags()...)
+		args = append(args, ref, id, "sleep", "3600")
+		wg.Go(func() {
+			_, errs[i] = env.Ctr(ctx, args...)
+		})
+	}
+	wg.Wait()
+	row.Seconds = time.Since(t0).Seconds()
+
+	if observed {
+		row.PeakMountinfo = sampler.stop()
+		// The shims' last calls of a start may follow ctr's return.
+		time.Sleep(200 * time.Millisecond)
+		mc, merr := mtr.Stop()
+		uc, uerr := utr.stop()
+		if err := errors.Join(merr, uerr); err != nil {
+			return row, err
+		}
+		row.MountSyscalls, row.RuncMountSyscalls = mc.SnapshotSide().Total(), mc.Runc().Total()
+		row.UsernsForks, row.RuncUserns = usernsForks(uc)
+	}
+	if err := errors.Join(errs...); err != nil {
+		row.Err = shortError(err)
+	}
+	return row, nil
+}
+
+// removeAll deletes the tasks and containers ids with two ctr commands.
+func removeAll(ctx context.Context, env *harness.Env, ids []string) error {
+	ctx = context.WithoutCancel(ctx)
+	_, terr := env.Ctr(ctx, append([]string{"tasks", "rm", "-f"}, ids...)...)
+	_, cerr := env.Ctr(ctx, append([]string{"containers", "rm"}, ids...)...)
+	// A container whose start failed may have no task or no container.
+	if terr != nil && !isNotFound(terr) {
+		return terr
+	}
+	if cerr != nil && !isNotFound(cerr) {
+		return cerr
+	}
+	return nil
+}
+
+func isNotFound(err error) bool {
+	return err != nil && bytes.Contains([]byte(err.Error()), []byte("not found"))
+}
+
+// mountinfoSampler counts /proc/self/mountinfo entries periodically and
+// keeps the peak above the count it started with.
+type mountinfoSampler struct {
+	base, peak int
+	done       chan struct{}
+	finished   chan struct{}
+}
+
+func startMountinfoSampler(every time.Duration) (*mountinfoSampler, error) {
+	n, err := countMounts()
+	if err != nil {
+		return nil, err
+	}
+	s := &mountinfoSampler{base: n, peak: n, done: make(chan struct{}), finished: make(chan struct{})}
+	go func() {
+		defer close(s.finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-t.C:
+				if n, err := countMounts(); err == nil && n > s.peak {
+					s.peak = n
+				}
+			}
+		}
+	}()
+	return s, nil
+}
+
+// stop returns the peak above the starting count.
+func (s *mountinfoSampler) stop() int {
+	close(s.done)
+	<-s.finished
+	if n, err := countMounts(); err == nil && n > s.peak {
+		s.peak = n
+	}
+	return s.peak - s.base
+}
+
+func countMounts() (int, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return bytes.Count(data, []byte("\n")), nil
+}

@@ -1,0 +1,119 @@
+// Command bench runs grouped-snapshotter's benchmarks against containerd's
+// built-in overlayfs on real containerd releases (make bench, make
+// bench-quick) and writes bench/results/<name>.md, <name>.json and
+// <name>-*.png. It must run as root, like the integration tests.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/bench"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	quick := flag.Bool("quick", false, "run the small configuration (make bench-quick)")
+	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
+	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
+	render := flag.String("render", "", "only render the results of this JSON file again")
+	flag.Parse()
+
+	if *out == "" {
+		repo, err := harness.FindRepoRoot()
+		if err != nil {
+			return err
+		}
+		*out = filepath.Join(repo, "bench", "results")
+	}
+	var res *bench.Results
+	if *render != "" {
+		data, err := os.ReadFile(*render)
+		if err != nil {
+			return err
+		}
+		res = &bench.Results{}
+		if err := json.Unmarshal(data, res); err != nil {
+			return fmt.Errorf("decode %s: %w", *render, err)
+		}
+		if *name != "" {
+			res.Config.Name = *name
+		}
+		return write(*out, res)
+	}
+
+	if os.Geteuid() != 0 {
+		return errors.New("the benchmarks must run as root (they run containerd and runc, mount overlays and trace syscalls)")
+	}
+	cfg := bench.Full()
+	if *quick {
+		cfg = bench.Quick()
+	}
+	if *name != "" {
+		cfg.Name = *name
+	}
+	t0 := time.Now()
+	cfg.Logf = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, runErr := bench.Run(ctx, cfg)
+	if res == nil {
+		return runErr
+	}
+	if err := write(*out, res); err != nil {
+		return errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		return fmt.Errorf("run failed after %s (partial results written): %w", res.Duration.Round(time.Second), runErr)
+	}
+	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
+	return nil
+}
+
+// write saves the raw results, the Markdown report and the charts, and
+// prints the report.
+func write(dir string, res *bench.Results) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	base := filepath.Join(dir, res.Config.Name)
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	charts, err := bench.Charts(res, dir)
+	if err != nil {
+		return err
+	}
+	notes, err := os.ReadFile(base + "-notes.md")
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	md := bench.Markdown(res, charts, string(notes))
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	fmt.Fprintf(os.Stderr, "bench: wrote %s.md, %s.json and %d charts\n", base, base, len(charts))
+	return nil
+}

@@ -1,0 +1,17 @@
+// Package bench measures, side by side in one run, what grouped-snapshotter
+// saves against containerd's built-in overlayfs snapshotter, on real
+// containerd releases driven through the integration harness.
+//
+// The contenders are grouped-snapshotter with idmap = "view", the same
+// daemon with idmap = "shim", and containerd's overlayfs. Each runs behind
+// its own private containerd of the same release, configured identically
+// but for the snapshotter, and every comparison runs the contenders
+// interleaved (A B C, B C A, C A B, ...) within one run, so that drift of
+// the machine hits all of them alike.
+//
+// Scenarios (see Config): mount-family syscalls per container start, a
+// burst of user-namespaced containers started at once, pull and unpack,
+// snapshot API latency over the daemon's socket, and the daemon's memory.
+// Run writes the raw Results; Markdown and Charts render them. The command
+// bench/cmd/bench (make bench, make bench-quick) drives it.
+package bench

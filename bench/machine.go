@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Machine describes where a run happened: absolute times only mean
+// something together with it.
+type Machine struct {
+	CPU       string
+	Cores     int
+	MemoryGiB float64
+	Kernel    string
+	// TempFS is the filesystem type under os.TempDir, where every
+	// snapshotter root lives.
+	TempFS    string
+	GoVersion string
+	// LoadBefore and LoadAfter are /proc/loadavg at the start and end.
+	LoadBefore, LoadAfter string
+	// OtherContainerd counts containerd and shim processes running when
+	// the run started: other users of the machine.
+	OtherContainerd int
+}
+
+// Quiet reports whether nothing else seemed to load the machine when the
+// run started.
+func (m Machine) Quiet() bool {
+	load := strings.Fields(m.LoadBefore)
+	if len(load) == 0 {
+		return false
+	}
+	one, err := strconv.ParseFloat(load[0], 64)
+	return err == nil && m.OtherContainerd == 0 && one < 1
+}
+
+func describeMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), GoVersion: runtime.Version(), LoadBefore: loadAverage()}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) == nil {
+		m.MemoryGiB = float64(si.Totalram) * float64(si.Unit) / (1 << 30)
+	}
+	var un syscall.Utsname
+	if syscall.Uname(&un) == nil {
+		m.Kernel = utsString(un.Release[:])
+	}
+	var fs syscall.Statfs_t
+	if syscall.Statfs(os.TempDir(), &fs) == nil {
+		m.TempFS = fsName(fs.Type)
+	}
+	m.OtherContainerd = countProcesses("containerd")
+	return m
+}
+
+func utsString(b []int8) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s.WriteByte(byte(c))
+	}
+	return s.String()
+}
+
+func fsName(magic int64) string {
+	switch magic {
+	case 0xef53:
+		return "ext4"
+	case 0x58465342:
+		return "xfs"
+	case 0x9123683e:
+		return "btrfs"
+	case 0x01021994:
+		return "tmpfs"
+	case 0x794c7630:
+		return "overlay"
+	}
+	return "unknown"
+}
+
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// countProcesses counts processes whose command name starts with prefix.
+func countProcesses(prefix string) int {
+	n := 0
+	comms, _ := filepath.Glob("/proc/[0-9]*/comm")
+	for _, p := range comms {
+		if data, err := os.ReadFile(p); err == nil && strings.HasPrefix(string(data), prefix) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,327 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Markdown renders the results file: machine, method, one table per
+// scenario, the targets of issue 7 checked against the numbers, and notes
+// (the analysis kept in <name>-notes.md, which survives re-runs).
+func Markdown(res *Results, charts []string, notes string) string {
+	var b strings.Builder
+	cfg := res.Config
+	fmt.Fprintf(&b, "# Benchmark results: %s\n\n", cfg.Name)
+	if !res.Machine.Quiet() {
+		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (load %s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
+			res.Machine.LoadBefore, res.Machine.OtherContainerd)
+	}
+	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison, contenders interleaved (rotated each repetition). ",
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps)
+	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
+	writeMachine(&b, res.Machine)
+	writeMethod(&b, cfg)
+	writeStarts(&b, res, charts)
+	writeBursts(&b, res, charts)
+	writePulls(&b, res)
+	writeAPI(&b, res)
+	writeMemory(&b, res)
+	writeTargets(&b, res)
+	if notes = strings.TrimSpace(notes); notes != "" {
+		fmt.Fprintf(&b, "## Notes on these results\n\n%s\n", notes)
+	}
+	return b.String()
+}
+
+func writeMachine(b *strings.Builder, m Machine) {
+	b.WriteString("## Machine\n\n| | |\n|---|---|\n")
+	fmt.Fprintf(b, "| CPU | %s, %d cores |\n| memory | %.1f GiB |\n| kernel | %s |\n| filesystem of the roots | %s |\n| Go | %s |\n",
+		m.CPU, m.Cores, m.MemoryGiB, m.Kernel, m.TempFS, m.GoVersion)
+	fmt.Fprintf(b, "| load average before / after | %s / %s |\n| other containerd processes at start | %d |\n\n", m.LoadBefore, m.LoadAfter, m.OtherContainerd)
+}
+
+func writeMethod(b *strings.Builder, cfg Config) {
+	b.WriteString(`## Method
+
+- **Contenders:** grouped-snapshotter with ` + "`idmap = \"view\"`" + ` (one persistent idmapped view per mapping), the same daemon with ` + "`idmap = \"shim\"`" + ` (returns ` + "`uidmap=`/`gidmap=`" + ` and lets containerd's shim idmap, like overlayfs), and containerd's built-in ` + "`overlayfs`" + `. Each runs behind its own private containerd of the release under test (v2.4.2: the shim idmaps the layers' common parent once per mount; v2.0.5: once per layer), with runc 1.5.2 and identical configuration but for the snapshotter. All pull from one local registry (test images: busybox-static plus one small file per layer).
+- containerd config for every contender: ` + "`gc.v1.scheduler deletion_threshold = 1`" + ` (removed snapshots leave promptly, so each repetition starts from the same state), and on v2.4.2 ` + fmt.Sprintf("`transfer.v1.local max_concurrent_unpacks = %d`", cfg.UnpackConcurrency) + ` (parallel unpack, which containerd does only for snapshotters declaring ` + "`rebase`" + `: overlayfs and grouped both do; v2.0.5 has no parallel unpack).
+- **Syscalls** are counted with a private tracefs instance (syscall tracepoints, pid filter with event-fork) on this process, containerd and the snapshotter daemon and everything they fork: ` + "`mount umount2 open_tree move_mount mount_setattr fsopen fsconfig fsmount`" + `. "Snapshot side" = shim + containerd + ctr + snapshotter daemon; runc's own container setup is reported apart.
+- **User-namespace forks** are counted the same way from ` + "`clone`" + ` with ` + "`CLONE_NEWUSER`" + ` and ` + "`unshare(CLONE_NEWUSER)`" + ` (tracefs filters on the flags; every ` + "`clone3`" + ` too, since its flags cannot be filtered), by process: on the snapshot side they are the helpers forked to obtain a user-namespace fd (the shim's, or grouped-snapshotter's once per new mapping); runc's are the containers' own.
+- **Bursts** are timed without tracing or sampling; one extra, observed burst per contender then traces syscalls and forks and samples ` + "`/proc/self/mountinfo`" + ` every 10 ms (a read of mountinfo takes the mount namespace lock that mounts need, so it must not run during timed bursts). Peak mountinfo is the highest count above the count before the burst.
+- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table.
+- **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
+
+`)
+}
+
+// contenderNames are the contender names in table order.
+func contenderNames() []string {
+	names := make([]string, len(Contenders))
+	for i, c := range Contenders {
+		names[i] = c.Name
+	}
+	return names
+}
+
+func versionsOf(cfg Config) []string { return cfg.Versions }
+
+// startSummary summarises the snapshot side (or runc) of one cell; failed
+// is set when any repetition failed to start.
+func startSummary(rows []StartRow, version, contender string, userns bool, layers int, runc bool) (s Summary, failed string) {
+	var vals []float64
+	for _, r := range rows {
+		if r.Version != version || r.Contender != contender || r.Userns != userns || r.Layers != layers {
+			continue
+		}
+		if r.Err != "" {
+			failed = r.Err
+			continue
+		}
+		if runc {
+			vals = append(vals, float64(r.Runc))
+		} else {
+			vals = append(vals, float64(r.SnapshotSide))
+		}
+	}
+	return Summarize(vals), failed
+}
+
+func writeStarts(b *strings.Builder, res *Results, charts []string) {
+	if len(res.Starts) == 0 {
+		return
+	}
+	cfg := res.Config
+	b.WriteString("## 1. Mount-family syscalls per container start\n\n")
+	b.WriteString("`ctr run --rm IMAGE ID true`, counted from the run's start until the container's shim has exited. User-namespaced starts use `--remap-labels --uidmap 0:3145728:65536 --gidmap 0:3145728:65536`, a mapping already in use by a running container of the same containerd (grouped's view of it exists; a fresh mapping costs grouped one `open_tree`+`mount_setattr`+`move_mount` once, and one `umount2` when its last user goes: see the bursts).\n\n")
+	var footnotes []string
+	for _, runc := range []bool{false, true} {
+		if runc {
+			b.WriteString("runc's own mount-family syscalls per start (the same for every snapshotter, shown for scale):\n\n")
+		} else {
+			b.WriteString("Snapshot side (shim + containerd + ctr + snapshotter):\n\n")
+		}
+		b.WriteString("| containerd | contender | userns |")
+		for _, n := range cfg.StartLayers {
+			fmt.Fprintf(b, " %d layers |", n)
+		}
+		b.WriteString("\n|---|---|---|" + strings.Repeat("---|", len(cfg.StartLayers)) + "\n")
+		for _, v := range versionsOf(cfg) {
+			for _, userns := range []bool{false, true} {
+				for _, c := range contenderNames() {
+					fmt.Fprintf(b, "| %s | %s | %s |", v, c, yesNo(userns))
+					for _, n := range cfg.StartLayers {
+						s, failed := startSummary(res.Starts, v, c, userns, n, runc)
+						switch {
+						case failed != "" && runc:
+							b.WriteString(" – |")
+						case failed != "":
+							footnotes = append(footnotes, fmt.Sprintf("%s, %s, userns %s, %d layers: `%s`", v, c, yesNo(userns), n, failed))
+							fmt.Fprintf(b, " fails [%d] |", len(footnotes))
+						default:
+							fmt.Fprintf(b, " %s |", s.format("%.0f"))
+						}
+					}
+					b.WriteString("\n")
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	if len(footnotes) > 0 {
+		b.WriteString("Failures (the same in every repetition unless a cell shows numbers):\n\n")
+		for i, f := range footnotes {
+			fmt.Fprintf(b, "%d. %s\n", i+1, f)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("Ratios, user-namespaced start, overlayfs ÷ grouped view (snapshot side):\n\n| containerd |")
+	for _, n := range cfg.StartLayers {
+		fmt.Fprintf(b, " %d layers |", n)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(cfg.StartLayers)) + "\n")
+	for _, v := range versionsOf(cfg) {
+		fmt.Fprintf(b, "| %s |", v)
+		for _, n := range cfg.StartLayers {
+			o, of := startSummary(res.Starts, v, "overlayfs", true, n, false)
+			g, gf := startSummary(res.Starts, v, "grouped view", true, n, false)
+			if of != "" || gf != "" {
+				b.WriteString(" – |")
+				continue
+			}
+			fmt.Fprintf(b, " %s |", ratio(o, g))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+	for _, c := range charts {
+		if strings.Contains(c, "syscalls") {
+			fmt.Fprintf(b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
+		}
+	}
+}
+
+func yesNo(v bool) string {
+	if v {
+		return "yes"
+	}
+	return "no"
+}
+
+// burstSummary summarises the timed runs of one contender and shape.
+func burstTimes(rows []BurstRow, version, contender string, shape BurstShape) (s Summary, failed string) {
+	var vals []float64
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Shape == shape && !r.Observed {
+			if r.Err != "" {
+				failed = r.Err
+				continue
+			}
+			vals = append(vals, r.Seconds)
+		}
+	}
+	return Summarize(vals), failed
+}
+
+func observedBurst(rows []BurstRow, version, contender string, shape BurstShape) (BurstRow, bool) {
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Shape == shape && r.Observed {
+			return r, true
+		}
+	}
+	return BurstRow{}, false
+}
+
+func writeBursts(b *strings.Builder, res *Results, charts []string) {
+	if len(res.Bursts) == 0 {
+		return
+	}
+	cfg := res.Config
+	b.WriteString("## 2. Burst of user-namespaced containers\n\n")
+	b.WriteString("All `ctr run -d --remap-labels --uidmap … --gidmap …` of a burst are launched at once; time is until the last returned (its task running). Then all are removed and garbage-collected before the next burst. Counts come from the observed burst.\n\n")
+	for _, shape := range cfg.Bursts {
+		fmt.Fprintf(b, "### %d containers: %s\n\n", shape.Containers(), shape)
+		b.WriteString("| containerd | contender | time to all running, s | ÷ overlayfs | peak mountinfo entries (+) | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls |\n|---|---|---|---|---|---|---|---|\n")
+		for _, v := range versionsOf(cfg) {
+			ovl, _ := burstTimes(res.Bursts, v, "overlayfs", shape)
+			for _, c := range contenderNames() {
+				s, failed := burstTimes(res.Bursts, v, c, shape)
+				cell := s.format("%.2f")
+				if failed != "" {
+					cell = "fails: `" + failed + "`"
+				}
+				o, ok := observedBurst(res.Bursts, v, c, shape)
+				obs := "– | – | – | –"
+				if ok {
+					obs = fmt.Sprintf("%d | %d | %d | %d, %d", o.PeakMountinfo, o.UsernsForks, o.MountSyscalls, o.RuncUserns, o.RuncMountSyscalls)
+					if o.Err != "" {
+						obs += " (failed: `" + o.Err + "`)"
+					}
+				}
+				fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", v, c, cell, ratio(s, ovl), obs)
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, c := range charts {
+		if strings.Contains(c, "burst") {
+			fmt.Fprintf(b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
+		}
+	}
+}
+
+func pullTimes(rows []PullRow, version, contender string, layers int) (s Summary, failed string) {
+	var vals []float64
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Layers == layers {
+			if r.Err != "" {
+				failed = r.Err
+				continue
+			}
+			vals = append(vals, r.Seconds)
+		}
+	}
+	return Summarize(vals), failed
+}
+
+func writePulls(b *strings.Builder, res *Results) {
+	if len(res.Pulls) == 0 {
+		return
+	}
+	cfg := res.Config
+	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull.\n\n")
+	b.WriteString("| containerd | layers | contender | time, s | ÷ overlayfs |\n|---|---|---|---|---|\n")
+	for _, v := range versionsOf(cfg) {
+		for _, n := range cfg.PullLayers {
+			ovl, _ := pullTimes(res.Pulls, v, "overlayfs", n)
+			for _, c := range contenderNames() {
+				s, failed := pullTimes(res.Pulls, v, c, n)
+				cell := s.format("%.2f")
+				if failed != "" {
+					cell = "fails: `" + failed + "`"
+				}
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s |\n", v, n, c, cell, ratio(s, ovl))
+			}
+		}
+	}
+	b.WriteString("\n")
+}
+
+func apiSummary(rows []APIRow, contender, op string) (p50, p99 Summary, calls float64) {
+	var a, c []float64
+	for _, r := range rows {
+		if r.Contender == contender && r.Op == op {
+			a = append(a, float64(r.P50.Microseconds())/1000)
+			c = append(c, float64(r.P99.Microseconds())/1000)
+			calls = r.MountSyscalls
+		}
+	}
+	return Summarize(a), Summarize(c), calls
+}
+
+func writeAPI(b *strings.Builder, res *Results) {
+	if len(res.API) == 0 {
+		return
+	}
+	cfg := res.Config
+	fmt.Fprintf(b, "## 4. Snapshot API latency over the socket\n\n%d calls of each operation per repetition, on a parent chain of %d committed layers; each cycle uses a new mapping (`Prepare, new mapping` is the call that makes its view in view mode). Latency in ms at the client; p50 and p99 per repetition, summarised over repetitions.\n\n",
+		cfg.APIOps, cfg.APIParentLayers)
+	b.WriteString("| operation |")
+	for _, c := range apiContenders {
+		fmt.Fprintf(b, " %s p50 | %s p99 | %s mount syscalls/call |", c.Name, c.Name, c.Name)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|---|---|", len(apiContenders)) + "\n")
+	for _, op := range APIOps {
+		fmt.Fprintf(b, "| %s |", op)
+		for _, c := range apiContenders {
+			p50, p99, calls := apiSummary(res.API, c.Name, op)
+			fmt.Fprintf(b, " %s | %s | %.2g |", p50.format("%.3f"), p99.format("%.3f"), calls)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+func writeMemory(b *strings.Builder, res *Results) {
+	if len(res.Memory) == 0 {
+		return
+	}
+	cfg := res.Config
+	fmt.Fprintf(b, "## 5. Daemon memory\n\nVmRSS in MiB of a fresh daemon, idle, and after %d snapshots (%d chains of %d committed layers, %d active snapshots on their tops with %d mappings).\n\n",
+		cfg.MemorySnapshots(), cfg.MemoryChains, cfg.MemoryChainLength, cfg.MemoryActives, cfg.MemoryMappings)
+	b.WriteString("| contender | idle | after snapshots |\n|---|---|---|\n")
+	for _, c := range apiContenders {
+		var idle, loaded []float64
+		for _, r := range res.Memory {
+			if r.Contender == c.Name {
+				idle = append(idle, float64(r.IdleKB)/1024)
+				loaded = append(loaded, float64(r.LoadedKB)/1024)
+			}
+		}
+		fmt.Fprintf(b, "| %s | %s | %s |\n", c.Name, Summarize(idle).format("%.1f"), Summarize(loaded).format("%.1f"))
+	}
+	b.WriteString("\n")
+}
+
+// chartFile is the name of a chart of res.
+func chartFile(res *Results, what string) string { return res.Config.Name + "-" + what + ".png" }

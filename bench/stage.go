@@ -1,0 +1,142 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// stage is one containerd release with one private containerd per
+// contender, all pulling from one shared registry.
+type stage struct {
+	version string
+	// envs are indexed like Contenders.
+	envs []*harness.Env
+	logf func(format string, args ...any)
+}
+
+// startStage starts a private containerd of version per contender. They
+// pull from registry, whose host every Env is told is plain HTTP.
+func startStage(ctx context.Context, cfg Config, version string, registry *harness.Registry) (st *stage, err error) {
+	st = &stage{version: version, logf: cfg.Logf}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, st.close())
+			st = nil
+		}
+	}()
+	// Garbage collection after every deletion: removed containers' and
+	// images' snapshots then leave the snapshotter promptly (by default
+	// only every 100 mutations), so that each repetition starts from the
+	// same state. No timed step deletes anything; the `--rm` of a traced
+	// start makes no mount call in GC (its mapping is held).
+	extra := "[plugins.'io.containerd.gc.v1.scheduler']\n  deletion_threshold = 1\n"
+	// containerd 2.0 unpacks one layer after the other; later releases
+	// unpack in parallel for snapshotters with "rebase" once the transfer
+	// service may run more than one unpack at a time (default 1).
+	if version != harness.ContainerdV2_0 && cfg.UnpackConcurrency > 1 {
+		extra += fmt.Sprintf("[plugins.'io.containerd.transfer.v1.local']\n  max_concurrent_unpacks = %d\n", cfg.UnpackConcurrency)
+	}
+	for _, c := range Contenders {
+		t0 := time.Now()
+		env, err := harness.Start(ctx, harness.Options{
+			Snapshotter:      c.Snapshotter,
+			IDMap:            c.IDMap,
+			Containerd:       version,
+			ContainerdConfig: extra,
+			Namespace:        fmt.Sprintf("gs-bench-%d-%d", os.Getpid(), len(st.envs)),
+		})
+		if err != nil {
+			return st, fmt.Errorf("start %s on containerd %s: %w", c.Name, version, err)
+		}
+		st.envs = append(st.envs, env)
+		if err := trustRegistry(env, registry.Host); err != nil {
+			return st, err
+		}
+		st.logf("containerd %s with %s ready in %s (%s)", version, c.Name, time.Since(t0).Round(time.Millisecond), env.Dir)
+	}
+	return st, nil
+}
+
+// trustRegistry writes the hosts.toml that makes env's containerd reach
+// host over plain HTTP, as the harness does for an Env's own registry.
+func trustRegistry(env *harness.Env, host string) error {
+	dir := filepath.Join(env.Containerd.HostsDir, host)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create hosts dir for %s: %w", host, err)
+	}
+	url := "http://" + host
+	cfg := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", url, url)
+	if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(cfg), 0o644); err != nil {
+		return fmt.Errorf("write hosts.toml for %s: %w", host, err)
+	}
+	return nil
+}
+
+// close tears every Env down and checks that none left a mount behind.
+func (st *stage) close() error {
+	var errs []error
+	for _, env := range st.envs {
+		if err := env.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", env.Dir, err))
+		}
+		if left, err := harness.MountsUnder(env.Dir); err != nil || len(left) > 0 {
+			errs = append(errs, fmt.Errorf("%d mounts left under %s after teardown (%v)", len(left), env.Dir, err))
+		}
+	}
+	st.envs = nil
+	return errors.Join(errs...)
+}
+
+// pids are the processes a trace of env follows: this process (ctr is
+// forked from it), containerd (shims and runc descend from it) and the
+// snapshotter daemon if there is one.
+func pids(env *harness.Env) []int {
+	p := []int{os.Getpid(), env.Containerd.PID()}
+	if env.Snapshotter != nil {
+		p = append(p, env.Snapshotter.PID())
+	}
+	return p
+}
+
+// settled is what env's snapshotter holds at rest: its layer directory's
+// entries and the rootfs mounts of running tasks.
+type settled struct{ dirs, mounts int }
+
+func settledState(env *harness.Env) (settled, error) {
+	dirs, err := env.LayerDirs()
+	if err != nil {
+		return settled{}, err
+	}
+	mounts, err := harness.MountsUnder(filepath.Join(env.Containerd.State, "io.containerd.runtime.v2.task"))
+	if err != nil {
+		return settled{}, err
+	}
+	return settled{len(dirs), len(mounts)}, nil
+}
+
+// waitSettled waits until env is back to want: containerd removes
+// snapshots in garbage collection, after the ctr command that asked for it
+// has returned.
+func waitSettled(ctx context.Context, env *harness.Env, want settled) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := settledState(env)
+		if err != nil || got == want {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d layer dirs and %d task mounts 1m after removal, want %d and %d", env.Dir, got.dirs, got.mounts, want.dirs, want.mounts)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
