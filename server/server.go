@@ -83,7 +83,9 @@ func removeStaleSocket(address string) error {
 // snapshots service, the standard health service (NOT_SERVING until the
 // caller marks it serving) and, when admin is not nil, the admin service.
 func NewGRPCServer(sn snapshots.Snapshotter, admin Admin) (*grpc.Server, *health.Server) {
-	srv := grpc.NewServer()
+	// A client that connects but never speaks HTTP/2 would otherwise hold
+	// up a graceful stop for gRPC's default 120 s handshake timeout.
+	srv := grpc.NewServer(grpc.ConnectionTimeout(5 * time.Second))
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

@@ -87,15 +87,23 @@ func TestSdNotifyAndJSONLogs(t *testing.T) {
 	if msg := readNotify(); msg != "READY=1" {
 		t.Fatalf("first notification %q, want READY=1", msg)
 	}
-	if _, err := net.Dial("unix", sock); err != nil {
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
 		t.Fatalf("READY=1 sent before the socket answers: %v", err)
 	}
+	// Keep this raw connection open across SIGTERM: a client that never
+	// speaks gRPC must not hold up the stop for long.
+	defer conn.Close()
+	stopAt := time.Now()
 	cmd.Process.Signal(syscall.SIGTERM)
 	if msg := readNotify(); msg != "STOPPING=1" {
 		t.Fatalf("notification on SIGTERM %q, want STOPPING=1", msg)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("daemon exit after SIGTERM: %v", err)
+	}
+	if d := time.Since(stopAt); d > 20*time.Second {
+		t.Errorf("a silent client held up the stop for %s", d)
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left after a clean stop: %v", err)
