@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools demo test test-unit test-integration vet fuzz clean bench bench-quick
+.PHONY: all build tools demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall
 
 all: build
 
