@@ -58,7 +58,7 @@ func runAPI(ctx context.Context, cfg Config, bin, dir string) ([]APIRow, error) 
 			}
 			n := cfg.APIOps
 			if traced {
-				n = min(n, 20)
+				n = min(n, 5)
 			}
 			lat, calls, err := apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
 			if cerr := d.close(); err == nil {

@@ -45,7 +45,7 @@ func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) 
 		for rep := range cfg.Reps + 1 {
 			observed := rep == cfg.Reps
 			for _, i := range rotation(rep, len(Contenders)) {
-				row, err := burst(ctx, st.envs[i], refs[shape.Layers], shape, observed)
+				row, err := burst(ctx, st.envs[i], refs[shape.Layers], shape, observed, st.logf)
 				if err != nil {
 					return rows, fmt.Errorf("burst %s with %s on %s: %w", shape, Contenders[i].Name, st.version, err)
 				}
@@ -61,7 +61,7 @@ func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) 
 
 // burst starts shape's containers at once on env, waits for all, then
 // removes them and waits until their snapshots are gone.
-func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, observed bool) (row BurstRow, err error) {
+func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, observed bool, logf func(string, ...any)) (row BurstRow, err error) {
 	row.Shape, row.Observed = shape, observed
 	before, err := settledState(env)
 	if err != nil {
@@ -72,7 +72,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		ids[i] = containerID("burst")
 	}
 	defer func() {
-		err = errors.Join(err, removeAll(ctx, env, ids), waitSettled(ctx, env, before))
+		err = errors.Join(err, removeAll(ctx, env, ids), waitSettled(ctx, env, before, logf))
 	}()
 
 	var (

@@ -53,7 +53,7 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				if err := env.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
 					return rows, fmt.Errorf("remove %s from %s: %w", ref, Contenders[i].Name, err)
 				}
-				if err := waitSettled(ctx, env, base[i]); err != nil {
+				if err := waitSettled(ctx, env, base[i], st.logf); err != nil {
 					return rows, err
 				}
 			}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -17,13 +16,13 @@ import (
 const cloneNewUser = 0x10000000
 
 // usernsEvents are the syscalls that make a user namespace, with the
-// tracefs filter that keeps only those that do. clone3 passes its flags in
-// a struct a filter cannot read: every clone3 is kept and reported, so a
-// helper that used it would not go unseen.
+// tracefs filter that keeps only those that do. containerd's userns-fd
+// helper and grouped-snapshotter's both fork through Go's
+// SysProcAttr.Cloneflags, which uses clone(2) (clone3 only for cgroup fds
+// and time namespaces); runc's nsexec unshares.
 var usernsEvents = map[string]string{
 	"clone":   fmt.Sprintf("clone_flags & 0x%x", cloneNewUser),
 	"unshare": fmt.Sprintf("unshare_flags & 0x%x", cloneNewUser),
-	"clone3":  "",
 }
 
 var usernsTraceCount atomic.Int64
@@ -70,10 +69,8 @@ func startUsernsTrace(pids []int) (tr *usernsTrace, err error) {
 	}
 	for sc, filter := range usernsEvents {
 		dir := filepath.Join("events", "syscalls", "sys_enter_"+sc)
-		if filter != "" {
-			if err := tr.write(filepath.Join(dir, "filter"), filter); err != nil {
-				return tr, err
-			}
+		if err := tr.write(filepath.Join(dir, "filter"), filter); err != nil {
+			return tr, err
 		}
 		if err := tr.write(filepath.Join(dir, "enable"), "1"); err != nil {
 			return tr, err
@@ -82,25 +79,17 @@ func startUsernsTrace(pids []int) (tr *usernsTrace, err error) {
 	return tr, nil
 }
 
-// tracefs returns a writable tracefs mount, making a private one if there
-// is none.
+// tracefs mounts a private tracefs: another tracer's mount (the
+// harness's MountTrace detaches its own when it stops) may go away under
+// an instance that uses it.
 func (tr *usernsTrace) tracefs() (string, error) {
-	mounts, err := harness.ReadMountinfo()
-	if err != nil {
-		return "", err
-	}
-	for _, m := range mounts {
-		if m.FSType == "tracefs" && !slices.Contains(strings.Split(m.MountOptions, ","), "ro") {
-			return m.MountPoint, nil
-		}
-	}
 	dir, err := os.MkdirTemp("", "gs-bench-tracefs-")
 	if err != nil {
 		return "", err
 	}
 	if err := syscall.Mount("nodev", dir, "tracefs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
 		os.Remove(dir)
-		return "", fmt.Errorf("mount tracefs at %s: %w", dir, err)
+		return "", fmt.Errorf("mount tracefs at %s (needs root and tracefs): %w", dir, err)
 	}
 	tr.mountPoint = dir
 	return dir, nil
@@ -113,7 +102,7 @@ func (tr *usernsTrace) write(file, value string) error {
 	return nil
 }
 
-// stop returns the counts by command name ("clone", "unshare", "clone3")
+// stop returns the counts by command name ("clone", "unshare")
 // and removes the instance.
 func (tr *usernsTrace) stop() (harness.MountCounts, error) {
 	var errs []error
@@ -142,7 +131,7 @@ func (tr *usernsTrace) release() error {
 		tr.instance = ""
 	}
 	if tr.mountPoint != "" {
-		if err := syscall.Unmount(tr.mountPoint, 0); err != nil {
+		if err := syscall.Unmount(tr.mountPoint, syscall.MNT_DETACH); err != nil {
 			errs = append(errs, fmt.Errorf("unmount tracefs: %w", err))
 		} else {
 			errs = append(errs, os.Remove(tr.mountPoint))
