@@ -112,12 +112,14 @@ func burstChart(res *Results, path string) error {
 		}
 	}
 	w := vg.Points(12)
+	top := 0.0
 	for ci, c := range Contenders {
 		var vals plotter.Values
 		for _, shape := range res.Config.Bursts {
 			for _, v := range res.Config.Versions {
 				s, _ := burstTimes(res.Bursts, v, c.Name, shape)
 				vals = append(vals, s.Median)
+				top = max(top, s.Median)
 			}
 		}
 		bars, err := plotter.NewBarChart(vals, w)
@@ -130,7 +132,9 @@ func burstChart(res *Results, path string) error {
 		p.Add(bars)
 		p.Legend.Add(c.Name, bars)
 	}
-	p.Legend.Top = true
+	// Room above the bars for the legend.
+	p.Y.Min, p.Y.Max = 0, top*1.4
+	p.Legend.Top, p.Legend.Left = true, true
 	p.NominalX(labels...)
 	return p.Save(vg.Length(max(6, 1.6*float64(len(labels))))*vg.Inch, 4.5*vg.Inch, path)
 }
