@@ -45,7 +45,7 @@ FUZZ_TARGETS := idmap:FuzzParseRanges idmap:FuzzFromLabels mountgroup:FuzzOverla
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz: $$t for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./$${t%%:*}; \
 	done
 
 test: tools vet fuzz
