@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Machine describes where a run happened: absolute times only mean
@@ -25,17 +26,16 @@ type Machine struct {
 	// OtherContainerd counts containerd and shim processes running when
 	// the run started: other users of the machine.
 	OtherContainerd int
+	// BusyBefore is the fraction of CPU time not idle over the seconds
+	// sampled just before the run (the load average lags a minute, and
+	// would count the compilation of this benchmark itself).
+	BusyBefore float64
 }
 
 // Quiet reports whether nothing else seemed to load the machine when the
 // run started.
 func (m Machine) Quiet() bool {
-	load := strings.Fields(m.LoadBefore)
-	if len(load) == 0 {
-		return false
-	}
-	one, err := strconv.ParseFloat(load[0], 64)
-	return err == nil && m.OtherContainerd == 0 && one < 1
+	return m.OtherContainerd == 0 && m.BusyBefore < 0.25
 }
 
 func describeMachine() Machine {
@@ -61,6 +61,7 @@ func describeMachine() Machine {
 		m.TempFS = fsName(fs.Type)
 	}
 	m.OtherContainerd = countProcesses("containerd")
+	m.BusyBefore = cpuBusy(3 * time.Second)
 	return m
 }
 
@@ -89,6 +90,34 @@ func fsName(magic int64) string {
 		return "overlay"
 	}
 	return "unknown"
+}
+
+// cpuBusy samples /proc/stat over d and returns the busy fraction of all
+// CPUs (everything but idle and iowait).
+func cpuBusy(d time.Duration) float64 {
+	read := func() (busy, total uint64) {
+		data, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return 0, 0
+		}
+		line, _, _ := strings.Cut(string(data), "\n")
+		f := strings.Fields(line)
+		for i, v := range f[1:] {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			total += n
+			if i != 3 && i != 4 { // idle, iowait
+				busy += n
+			}
+		}
+		return busy, total
+	}
+	b0, t0 := read()
+	time.Sleep(d)
+	b1, t1 := read()
+	if t1 <= t0 {
+		return 1
+	}
+	return float64(b1-b0) / float64(t1-t0)
 }
 
 func loadAverage() string {

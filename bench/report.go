@@ -14,8 +14,8 @@ func Markdown(res *Results, charts []string, notes string) string {
 	cfg := res.Config
 	fmt.Fprintf(&b, "# Benchmark results: %s\n\n", cfg.Name)
 	if !res.Machine.Quiet() {
-		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (load %s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
-			res.Machine.LoadBefore, res.Machine.OtherContainerd)
+		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
+			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)
 	}
 	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison, contenders interleaved (rotated each repetition). ",
 		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps)
@@ -38,7 +38,7 @@ func writeMachine(b *strings.Builder, m Machine) {
 	b.WriteString("## Machine\n\n| | |\n|---|---|\n")
 	fmt.Fprintf(b, "| CPU | %s, %d cores |\n| memory | %.1f GiB |\n| kernel | %s |\n| filesystem of the roots | %s |\n| Go | %s |\n",
 		m.CPU, m.Cores, m.MemoryGiB, m.Kernel, m.TempFS, m.GoVersion)
-	fmt.Fprintf(b, "| load average before / after | %s / %s |\n| other containerd processes at start | %d |\n\n", m.LoadBefore, m.LoadAfter, m.OtherContainerd)
+	fmt.Fprintf(b, "| CPU busy over 3 s before the run | %.0f%% |\n| load average before / after | %s / %s |\n| other containerd processes at start | %d |\n\n", 100*m.BusyBefore, m.LoadBefore, m.LoadAfter, m.OtherContainerd)
 }
 
 func writeMethod(b *strings.Builder, cfg Config) {
