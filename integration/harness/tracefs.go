@@ -22,6 +22,13 @@ var MountSyscalls = []string{
 	"mount", "umount", "open_tree", "move_mount", "mount_setattr", "fsopen", "fsconfig", "fsmount",
 }
 
+// commEvents are the scheduler events a MountTrace also records, only to
+// name processes: tracefs prints "<...>" for a pid whose command name fell
+// out of its small global cache (saved_cmdlines), which happens as soon as
+// other test binaries start many processes, and such a line would count on
+// the wrong side.
+var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
+
 // IDMapSyscalls are the syscalls that make an idmapped mount; a start that
 // reuses an existing view makes none of them.
 var IDMapSyscalls = []string{"open_tree", "mount_setattr", "move_mount"}
@@ -87,6 +94,11 @@ func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
 	}
 	if err := tr.addPIDs(pids); err != nil {
 		return tr, err
+	}
+	for _, ev := range commEvents {
+		if err := tr.write(filepath.Join("events", ev, "enable"), "1"); err != nil {
+			return tr, err
+		}
 	}
 	for _, sc := range MountSyscalls {
 		if err := tr.write(eventEnable(sc), "1"); err != nil {
@@ -173,6 +185,9 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	for _, sc := range MountSyscalls {
 		errs = append(errs, tr.write(eventEnable(sc), "0"))
 	}
+	for _, ev := range commEvents {
+		errs = append(errs, tr.write(filepath.Join("events", ev, "enable"), "0"))
+	}
 	counts, err := tr.read()
 	errs = append(errs, err, tr.release())
 	if err := errors.Join(errs...); err != nil {
@@ -238,6 +253,16 @@ type MountCounts map[string]map[string]int
 // before the CPU field.
 var traceLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\(`)
 
+// commLine matches the scheduler events that name a process:
+//
+//	...: sched_process_fork: comm=ctr pid=10 child_comm=ctr child_pid=11
+//	...: sched_process_exec: filename=/usr/bin/runc pid=11 old_pid=11
+//	...: task_rename: pid=11 oldcomm=runc newcomm=runc:[1:CHILD] oom_score_adj=0
+var commLine = regexp.MustCompile(`:\s+(sched_process_fork|sched_process_exec|task_rename):\s+(.*)$`)
+
+// unknownComm is what tracefs prints for a pid it has no name for.
+const unknownComm = "<...>"
+
 // entriesLine is the header that says whether the ring buffer dropped
 // events: "# entries-in-buffer/entries-written: 3/3   #P:2".
 var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*(\d+)/(\d+)`)
@@ -247,6 +272,9 @@ var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*
 // lost (buffer overrun).
 func ParseTrace(r io.Reader) (MountCounts, error) {
 	counts := MountCounts{}
+	// names holds the command name of each pid as the scheduler events of
+	// the trace tell it, to name lines tracefs prints as "<...>".
+	names := map[string]string{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	n := 0
@@ -262,16 +290,48 @@ func ParseTrace(r io.Reader) (MountCounts, error) {
 		if strings.TrimSpace(line) == "" {
 			continue
 		}
+		if m := commLine.FindStringSubmatch(line); m != nil {
+			nameFromEvent(names, m[1], m[2])
+			continue
+		}
 		m := traceLine.FindStringSubmatch(line)
 		if m == nil {
 			return nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
 		}
-		counts.add(strings.TrimSpace(m[1]), m[3], 1)
+		comm := strings.TrimSpace(m[1])
+		if comm == unknownComm && names[m[2]] != "" {
+			comm = names[m[2]]
+		}
+		counts.add(comm, m[3], 1)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read trace: %w", err)
 	}
 	return counts, nil
+}
+
+// nameFromEvent records the command name a scheduler event gives a pid.
+func nameFromEvent(names map[string]string, event, fields string) {
+	kv := map[string]string{}
+	for _, f := range strings.Fields(fields) {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			kv[k] = v
+		}
+	}
+	switch event {
+	case "sched_process_fork":
+		names[kv["child_pid"]] = kv["child_comm"]
+	case "sched_process_exec":
+		// The kernel names a process after its executable's base name,
+		// cut to 15 bytes.
+		name := filepath.Base(kv["filename"])
+		if len(name) > 15 {
+			name = name[:15]
+		}
+		names[kv["pid"]] = name
+	case "task_rename":
+		names[kv["pid"]] = kv["newcomm"]
+	}
 }
 
 func (c MountCounts) add(comm, syscallName string, n int) {

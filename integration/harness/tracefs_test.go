@@ -144,3 +144,31 @@ func comm(t *testing.T) string {
 	}
 	return strings.TrimSpace(filepath.Base(string(data)))
 }
+
+// TestParseTraceNamesUnknownPids checks that lines tracefs prints as
+// "<...>" are attributed through the trace's own fork, exec and rename
+// events, as happens when many processes overflow tracefs's name cache.
+func TestParseTraceNamesUnknownPids(t *testing.T) {
+	const trace = `# tracer: nop
+#
+# entries-in-buffer/entries-written: 7/7   #P:2
+ containerd-shim-300 [001] ..... 10.0: sched_process_fork: comm=containerd-shim pid=300 child_comm=containerd-shim child_pid=301
+           <...>-301 [000] ..... 10.1: sched_process_exec: filename=/work/.tools/bin/runc pid=301 old_pid=301
+           <...>-301 [000] ..... 10.2: sys_fsopen(_fs_name: 7f, flags: 1)
+           <...>-301 [000] ..... 10.3: task_rename: pid=301 oldcomm=runc newcomm=runc:[2:INIT] oom_score_adj=0
+           <...>-301 [000] ..... 10.4: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
+ containerd-shim-300 [001] ..... 10.5: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
+           <...>-999 [001] ..... 10.6: sys_umount(name: 0, flags: 2)
+`
+	c, err := ParseTrace(strings.NewReader(trace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "<...>{umount=1} containerd-shim{mount=1} runc{fsopen=1} runc:[2:INIT]{mount=1}"
+	if got := c.String(); got != want {
+		t.Errorf("counts:\n got %s\nwant %s", got, want)
+	}
+	if got := c.SnapshotSide().Total(); got != 2 {
+		t.Errorf("snapshot side %d, want 2: runc's calls must not count there", got)
+	}
+}
