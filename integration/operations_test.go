@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
@@ -26,7 +27,11 @@ func TestOperations(t *testing.T) {
 		t.Fatal("the integration tests need root: run `sudo go test ./integration/...`")
 	}
 	ctx := context.Background()
-	env, err := harness.Start(ctx, harness.Options{})
+	env, err := harness.Start(ctx, harness.Options{
+		// The --rm run's snapshot is removed by containerd's garbage
+		// collection: run it after every deletion, not on its own schedule.
+		ContainerdConfig: "[plugins.'io.containerd.gc.v1.scheduler']\n  deletion_threshold = 1\n",
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +71,13 @@ func TestOperations(t *testing.T) {
 	runDetached(t, env, id, ref, []string{"--remap-labels", "--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"}, "sleep", "600")
 
 	t.Run("metrics", func(t *testing.T) {
+		// The --rm container's snapshot goes in a garbage collection that
+		// runs in the background: wait for its Remove to be counted.
 		body := scrape(t, metricsSock)
+		for deadline := time.Now().Add(30 * time.Second); metricValue(body, `grouped_snapshotter_operations_total{operation="remove"}`) < 1 && time.Now().Before(deadline); {
+			time.Sleep(200 * time.Millisecond)
+			body = scrape(t, metricsSock)
+		}
 		for _, op := range []string{"prepare", "commit", "mounts", "remove", "stat"} {
 			if v := metricValue(body, `grouped_snapshotter_operations_total{operation="`+op+`"}`); v < 1 {
 				t.Errorf("operations_total for %s = %v after a pull and a run", op, v)

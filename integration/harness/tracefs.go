@@ -23,10 +23,11 @@ var MountSyscalls = []string{
 }
 
 // commEvents are the scheduler events a MountTrace also records, only to
-// name processes: tracefs prints "<...>" for a pid whose command name fell
-// out of its small global cache (saved_cmdlines), which happens as soon as
-// other test binaries start many processes, and such a line would count on
-// the wrong side.
+// name processes as they were named when they made each call: tracefs
+// prints a line with the name it last recorded for the pid (so runc's init
+// shows as the container's command after its exec), or "<...>" when the pid
+// fell out of its small global name cache (saved_cmdlines), which happens
+// as soon as other test binaries start many processes.
 var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
 
 // IDMapSyscalls are the syscalls that make an idmapped mount; a start that
@@ -298,9 +299,13 @@ func ParseTrace(r io.Reader) (MountCounts, error) {
 		if m == nil {
 			return nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
 		}
+		// tracefs prints every line of a pid with the name it last
+		// recorded for it (runc's init shows as the container's command
+		// after its exec), or "<...>" once its small name cache overflowed.
+		// The trace's own events give the name the pid had at that moment.
 		comm := strings.TrimSpace(m[1])
-		if comm == unknownComm && names[m[2]] != "" {
-			comm = names[m[2]]
+		if name := names[m[2]]; name != "" {
+			comm = name
 		}
 		counts.add(comm, m[3], 1)
 	}

@@ -151,20 +151,25 @@ func comm(t *testing.T) string {
 func TestParseTraceNamesUnknownPids(t *testing.T) {
 	const trace = `# tracer: nop
 #
-# entries-in-buffer/entries-written: 7/7   #P:2
+# entries-in-buffer/entries-written: 10/10   #P:2
  containerd-shim-300 [001] ..... 10.0: sched_process_fork: comm=containerd-shim pid=300 child_comm=containerd-shim child_pid=301
+           <...>-301 [000] ..... 10.05: sched_process_fork: comm=runc pid=301 child_comm=runc:[2:INIT] child_pid=302
            <...>-301 [000] ..... 10.1: sched_process_exec: filename=/work/.tools/bin/runc pid=301 old_pid=301
            <...>-301 [000] ..... 10.2: sys_fsopen(_fs_name: 7f, flags: 1)
            <...>-301 [000] ..... 10.3: task_rename: pid=301 oldcomm=runc newcomm=runc:[2:INIT] oom_score_adj=0
            <...>-301 [000] ..... 10.4: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
  containerd-shim-300 [001] ..... 10.5: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
            <...>-999 [001] ..... 10.6: sys_umount(name: 0, flags: 2)
+            true-302 [000] ..... 10.7: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
+            true-302 [000] ..... 10.8: sched_process_exec: filename=/bin/true pid=302 old_pid=302
 `
 	c, err := ParseTrace(strings.NewReader(trace))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "<...>{umount=1} containerd-shim{mount=1} runc{fsopen=1} runc:[2:INIT]{mount=1}"
+	// Line 302 is printed as "true" (its name after the exec), but made its
+	// call as runc's init, before the exec.
+	want := "<...>{umount=1} containerd-shim{mount=1} runc{fsopen=1} runc:[2:INIT]{mount=2}"
 	if got := c.String(); got != want {
 		t.Errorf("counts:\n got %s\nwant %s", got, want)
 	}
