@@ -31,12 +31,12 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 			st = nil
 		}
 	}()
-	// Garbage collection after every deletion: removed containers' and
-	// images' snapshots then leave the snapshotter promptly (by default
-	// only every 100 mutations), so that each repetition starts from the
-	// same state. No timed step deletes anything; the `--rm` of a traced
-	// start makes no mount call in GC (its mapping is held).
-	extra := "[plugins.'io.containerd.gc.v1.scheduler']\n  deletion_threshold = 1\n"
+	// The harness configures garbage collection after every deletion:
+	// removed containers' and images' snapshots leave the snapshotter
+	// promptly, so that each repetition starts from the same state. No
+	// timed step deletes anything; the `--rm` of a traced start makes no
+	// mount call in GC (its mapping is held).
+	extra := ""
 	// containerd 2.0 unpacks one layer after the other; later releases
 	// unpack in parallel for snapshotters with "rebase" once the transfer
 	// service may run more than one unpack at a time (default 1).

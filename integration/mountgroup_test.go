@@ -81,10 +81,6 @@ func startMountgroupEnv(t *testing.T, version string) *harness.Env {
 	env, err := harness.Start(t.Context(), harness.Options{
 		Containerd: version,
 		IDMap:      "view",
-		// Removed containers' snapshots (and so their views) go at the next
-		// garbage collection, which containerd otherwise schedules from the
-		// time the last one took: seconds apart on a loaded machine.
-		ContainerdConfig: "[plugins.'io.containerd.gc.v1.scheduler']\n  deletion_threshold = 1\n",
 		Logf: func(format string, args ...any) {
 			if testing.Verbose() {
 				fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)

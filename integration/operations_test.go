@@ -27,11 +27,7 @@ func TestOperations(t *testing.T) {
 		t.Fatal("the integration tests need root: run `sudo go test ./integration/...`")
 	}
 	ctx := context.Background()
-	env, err := harness.Start(ctx, harness.Options{
-		// The --rm run's snapshot is removed by containerd's garbage
-		// collection: run it after every deletion, not on its own schedule.
-		ContainerdConfig: "[plugins.'io.containerd.gc.v1.scheduler']\n  deletion_threshold = 1\n",
-	})
+	env, err := harness.Start(ctx, harness.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
