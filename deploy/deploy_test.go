@@ -112,9 +112,15 @@ func snapshotTree(t *testing.T, root string) string {
 
 func runInstall(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("./install.sh", args...).CombinedOutput()
+	tmp := t.TempDir()
+	cmd := exec.Command("./install.sh", args...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("install.sh %v: %v\n%s", args, err, out)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("install.sh %v left %d temporary files behind", args, len(left))
 	}
 	return string(out)
 }

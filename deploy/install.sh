@@ -58,8 +58,8 @@ host() {
 install_file() {
 	if [ -f "$2" ] && cmp -s "$1" "$2"; then return 0; fi
 	mkdir -p "$(dirname "$2")"
-	tmp="$2.tmp.$$"
-	cp "$1" "$tmp" && chmod "$3" "$tmp" && mv -f "$tmp" "$2"
+	staged="$2.tmp.$$"
+	cp "$1" "$staged" && chmod "$3" "$staged" && mv -f "$staged" "$2"
 	echo "installed $2"
 }
 
@@ -167,12 +167,12 @@ do_install() {
 		mkdir -p "$(dirname "$DROPIN_DST")"
 		: >"$(dirname "$DROPIN_DST")/.created-by-grouped-snapshotter"
 	fi
-	tmp=$(mktemp)
-	dropin >"$tmp"
+	rendered=$(mktemp)
+	trap 'rm -f "$rendered"' EXIT
+	dropin >"$rendered"
 	dropin_changed=0
-	if ! { [ -f "$DROPIN_DST" ] && cmp -s "$tmp" "$DROPIN_DST"; }; then dropin_changed=1; fi
-	install_file "$tmp" "$DROPIN_DST" 0644
-	rm -f "$tmp"
+	if ! { [ -f "$DROPIN_DST" ] && cmp -s "$rendered" "$DROPIN_DST"; }; then dropin_changed=1; fi
+	install_file "$rendered" "$DROPIN_DST" 0644
 	ensure_imports
 	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
 		echo "restarting containerd to load the drop-in (the snapshotter answers)"
