@@ -38,6 +38,8 @@ type CRI struct {
 
 	crictl   string
 	endpoint string
+	// collect runs a synchronous garbage collection (Env.CollectGarbage).
+	collect func(context.Context) error
 
 	mu   sync.Mutex
 	pods map[string]string // pod id -> its pod config file
@@ -78,6 +80,7 @@ func (e *Env) setupCRI(ctx context.Context, c *Containerd) (string, error) {
 		Dir:          dir,
 		crictl:       crictl,
 		endpoint:     "unix://" + c.Address,
+		collect:      e.CollectGarbage,
 		pods:         map[string]string{},
 	}
 	yaml := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: 120\ndebug: false\npull-image-on-create: false\n",
@@ -239,7 +242,9 @@ func (c *CRI) RemovePod(ctx context.Context, pod string) error {
 	if _, err := c.Crictl(ctx, "rmp", pod); err != nil {
 		return err
 	}
-	return nil
+	// As kubelet's image garbage collection eventually would: the pod's
+	// snapshots, and its view, are gone when RemovePod returns.
+	return c.collect(ctx)
 }
 
 // sandboxIDs returns every pod id the harness started.

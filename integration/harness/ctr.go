@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,7 +99,25 @@ func (e *Env) RemoveContainer(ctx context.Context, id string) error {
 	if _, err := e.Ctr(ctx, "containers", "rm", id); err != nil && !isNotFound(err) {
 		return err
 	}
-	return nil
+	return e.CollectGarbage(ctx)
+}
+
+// gcLeases numbers the leases CollectGarbage makes.
+var gcLeases atomic.Int64
+
+// CollectGarbage runs a garbage collection of containerd and waits for it,
+// so removed containers' snapshots (and grouped-snapshotter's views of
+// them) are gone when it returns. containerd's scheduler collects soon
+// after a deletion, but it drops a deletion that happens while a
+// collection runs, which can leave the last removal of a burst waiting for
+// the next unrelated change; deleting a lease with --sync collects now.
+func (e *Env) CollectGarbage(ctx context.Context) error {
+	id := fmt.Sprintf("gs-gc-%d-%d", os.Getpid(), gcLeases.Add(1))
+	if _, err := e.Ctr(ctx, "leases", "create", "--id", id); err != nil {
+		return err
+	}
+	_, err := e.Ctr(ctx, "leases", "delete", "--sync", id)
+	return err
 }
 
 func isNotFound(err error) bool {
