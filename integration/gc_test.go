@@ -40,7 +40,7 @@ func TestImageRemovalCollectsSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	eventually(t, 30*time.Second, func() error {
+	harness.Eventually(t, 30*time.Second, func() error {
 		snaps, dirs := snapshotState(t, env)
 		for _, k := range newSnaps {
 			if snaps[k] {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -82,31 +83,7 @@ func removeContainer(t *testing.T, env *harness.Env, id string) {
 // rootfsMount returns the single mount at a running task's rootfs.
 func rootfsMount(t *testing.T, env *harness.Env, id string) harness.Mount {
 	t.Helper()
-	target := env.TaskRootfs(id)
-	mounts, err := harness.MountsAt(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(mounts) != 1 {
-		t.Fatalf("want exactly 1 mount at %s, got %d: %+v", target, len(mounts), mounts)
-	}
-	return mounts[0]
-}
-
-// eventually polls cond every 100ms until it returns nil or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return harness.SingleMountAt(t, env.TaskRootfs(id))
 }
 
 // owner returns path's uid and gid as seen from the host.
@@ -136,4 +113,17 @@ func setOf(items []string) map[string]bool {
 		m[s] = true
 	}
 	return m
+}
+
+// waitForFile waits until a container has created path (seen from the
+// host, in its upper directory).
+func waitForFile(t *testing.T, path string) {
+	t.Helper()
+	harness.Eventually(t, 10*time.Second, func() error {
+		_, err := os.Lstat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("container has not created %s", path)
+		}
+		return err
+	})
 }

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -208,13 +207,7 @@ func testMountgroupUserns(t *testing.T, env *harness.Env, rel mgRelease, refs ma
 		t.Fatalf("upperdir %q is not under %s", upper, env.Snapshotter.LayerDir())
 	}
 	created := filepath.Join(upper, "created")
-	eventually(t, 10*time.Second, func() error {
-		_, err := os.Lstat(created)
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("container has not created %s", created)
-		}
-		return err
-	})
+	waitForFile(t, created)
 	checkOwner(t, created, hostBase, hostBase)
 	t.Logf("%d layers: rootfs is one overlay, %d lowerdirs (first %s), upperdir %s, %d bytes of options",
 		n, len(lowers), lowers[0], upper, len(mnt.SuperOptions))

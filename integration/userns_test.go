@@ -1,13 +1,11 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
@@ -63,13 +61,7 @@ func TestUserNamespace(t *testing.T) {
 		t.Errorf("upperdir %s is not under %s", upper, env.LayerDir())
 	}
 	created := filepath.Join(upper, "created")
-	eventually(t, 10*time.Second, func() error {
-		_, err := os.Lstat(created)
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("container has not created %s", created)
-		}
-		return err
-	})
+	waitForFile(t, created)
 	checkOwner(t, created, hostBase, hostBase)
 	t.Logf("rootfs overlay: %d lowerdirs (first %s), upperdir %s, options %d bytes",
 		len(m.Lowerdirs()), m.Lowerdirs()[0], upper, len(m.SuperOptions))

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -111,10 +112,9 @@ func (m *Metrics) Serve(ctx context.Context, address string) error {
 		err error
 	)
 	if path, ok := strings.CutPrefix(address, "unix://"); ok {
-		_ = unix.Unlink(path)
-		if l, err = net.Listen("unix", path); err == nil {
-			err = unix.Chmod(path, 0o600)
-		}
+		// The snapshot socket's rules: 0600, a stale socket replaced, a
+		// live one or any other file refused.
+		l, err = server.Listen(path)
 	} else {
 		l, err = net.Listen("tcp", address)
 	}

@@ -37,22 +37,8 @@ func ProbeIDMappedMount(dir string) (retErr error) {
 	if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
 		return err
 	}
-	userns, err := userNamespace(probeMapping)
-	if err != nil {
+	if err := mountIDMapped(src, target, probeMapping, &SyscallCounter{}); err != nil {
 		return err
-	}
-	defer userns.Close()
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("open_tree: %w", err)
-	}
-	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(userns.Fd()), Propagation: unix.MS_PRIVATE}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP: %w", err)
-	}
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move_mount: %w", err)
 	}
 	defer func() {
 		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {

@@ -151,27 +151,33 @@ func (v *Views) create(path string, m *idmap.Mapping) error {
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return err
 	}
+	return mountIDMapped(v.layers, path, m, &v.syscalls)
+}
+
+// mountIDMapped mounts a read-only idmapped view of src with mapping m at
+// target (viewAttrs, private propagation), counting its syscalls in calls.
+// The clone is not recursive: nothing is mounted under the layer parent,
+// and a recursive idmap would fail if something were.
+func mountIDMapped(src, target string, m *idmap.Mapping, calls *SyscallCounter) error {
 	userns, err := userNamespace(m)
 	if err != nil {
 		return err
 	}
 	defer userns.Close()
-	// A non-recursive clone: nothing is mounted under the layer parent, and
-	// a recursive idmap would fail if something were.
-	tree, err := unix.OpenTree(unix.AT_FDCWD, v.layers, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	v.syscalls.add(1)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	calls.add(1)
 	if err != nil {
-		return fmt.Errorf("open_tree %q: %w", v.layers, err)
+		return fmt.Errorf("open_tree %q: %w", src, err)
 	}
 	defer unix.Close(tree)
 	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(userns.Fd()), Propagation: unix.MS_PRIVATE}
-	v.syscalls.add(1)
+	calls.add(1)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("mount_setattr idmap of %q: %w", v.layers, err)
+		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP of %q: %w", src, err)
 	}
-	v.syscalls.add(1)
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, path, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move_mount to %q: %w", path, err)
+	calls.add(1)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount to %q: %w", target, err)
 	}
 	return nil
 }

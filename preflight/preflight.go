@@ -117,16 +117,9 @@ func scratchDir(root string) (string, func(), error) {
 	if st, err := os.Stat(filepath.Join(root, "t")); err == nil && st.IsDir() {
 		return filepath.Join(root, "t"), func() {}, nil
 	}
-	parent := root
-	for {
-		if _, err := os.Stat(parent); err == nil {
-			break
-		}
-		next := filepath.Dir(parent)
-		if next == parent {
-			return "", nil, fmt.Errorf("no existing parent of %s", root)
-		}
-		parent = next
+	parent, err := existingAncestor(root)
+	if err != nil {
+		return "", nil, err
 	}
 	dir, err := os.MkdirTemp(parent, ".grouped-snapshotter-check-")
 	if err != nil {
@@ -154,13 +147,26 @@ var fsNames = map[int64]string{
 	unix.F2FS_SUPER_MAGIC: "f2fs",
 }
 
-func checkRootFilesystem(o Options, add func(string, Status, string, ...any)) {
-	path := o.Root
+// existingAncestor returns path or its nearest existing ancestor: before the
+// daemon's first start the root does not exist yet, but its filesystem does.
+func existingAncestor(path string) (string, error) {
 	for {
 		if _, err := os.Stat(path); err == nil {
-			break
+			return path, nil
 		}
-		path = filepath.Dir(path)
+		parent := filepath.Dir(path)
+		if parent == path {
+			return "", fmt.Errorf("no existing ancestor of %s", path)
+		}
+		path = parent
+	}
+}
+
+func checkRootFilesystem(o Options, add func(string, Status, string, ...any)) {
+	path, err := existingAncestor(o.Root)
+	if err != nil {
+		add("root-filesystem", Fail, "%v", err)
+		return
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {

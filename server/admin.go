@@ -23,7 +23,8 @@ type Admin interface {
 	Info(ctx context.Context) (DaemonInfo, error)
 	Views(ctx context.Context) ([]snapshot.ViewInfo, error)
 	Orphans(ctx context.Context) ([]string, error)
-	Cleanup(ctx context.Context) error
+	// RemoveOrphans removes what Orphans lists and returns what it removed.
+	RemoveOrphans(ctx context.Context) ([]string, error)
 }
 
 // DaemonInfo describes the running daemon.
@@ -43,13 +44,9 @@ var adminMethods = map[string]adminHandler{
 	"Orphans": func(ctx context.Context, a Admin) (any, error) {
 		return a.Orphans(ctx)
 	},
-	// Cleanup reports what it removed: the orphans found just before.
+	// Cleanup reports what it removed.
 	"Cleanup": func(ctx context.Context, a Admin) (any, error) {
-		orphans, err := a.Orphans(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return orphans, a.Cleanup(ctx)
+		return a.RemoveOrphans(ctx)
 	},
 }
 

@@ -57,7 +57,7 @@ func (s *Snapshotter) Views(ctx context.Context) ([]ViewInfo, error) {
 	for i := range out {
 		if s.views != nil {
 			out[i].Path = s.views.Path(out[i].Name)
-			out[i].Mounted, _ = isMount(out[i].Path)
+			out[i].Mounted, _ = mountgroup.IsMountPoint(out[i].Path)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -75,5 +75,3 @@ func (s *Snapshotter) MountSyscalls() uint64 {
 
 // IDMapMode returns the configured idmap mode.
 func (s *Snapshotter) IDMapMode() IDMapMode { return s.idmap }
-
-func isMount(path string) (bool, error) { return mountgroup.IsMountPoint(path) }

@@ -3,7 +3,6 @@ package snapshot
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/containerd/log"
 )
@@ -24,16 +23,10 @@ type StartupReport struct {
 // directories) and views without users. It recreates nothing: views of
 // snapshots in use are verified, or made again, when Mounts next needs them.
 func (s *Snapshotter) reconcile(ctx context.Context) error {
-	orphans, err := s.Orphans(ctx)
+	removed, err := s.RemoveOrphans(ctx)
+	s.startup.OrphansRemoved = removed
 	if err != nil {
 		return fmt.Errorf("reconcile at start: %w", err)
-	}
-	for _, dir := range orphans {
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("reconcile at start: remove orphaned directory %q: %w", dir, err)
-		}
-		log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
-		s.startup.OrphansRemoved = append(s.startup.OrphansRemoved, dir)
 	}
 	if s.views != nil {
 		removed, err := s.reconcileViews(ctx)

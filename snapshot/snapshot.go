@@ -389,13 +389,9 @@ func (s *Snapshotter) needsView(snap storage.Snapshot, mapping *idmap.Mapping) b
 // picks the same name later must find it free. If the commit then fails the
 // view is simply made again when next needed.
 func (s *Snapshotter) releaseViewsOf(ctx context.Context, tx *bolt.Tx, id string) error {
-	if s.views == nil {
-		// Shim mode still keeps the registry right for a later switch.
-		_, err := releaseViews(tx, id)
-		return err
-	}
+	// Shim mode keeps the registry right too, for a later switch to views.
 	freed, err := releaseViews(tx, id)
-	if err != nil {
+	if err != nil || s.views == nil {
 		return err
 	}
 	for _, name := range freed {
@@ -696,23 +692,33 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, view
 // Cleanup removes directories that no snapshot owns: leftovers of crashed
 // creations and removals.
 func (s *Snapshotter) Cleanup(ctx context.Context) error {
+	_, err := s.RemoveOrphans(ctx)
+	return err
+}
+
+// RemoveOrphans removes what Orphans lists and returns the directories it
+// removed, logging each one. It removes all it can and reports every failure.
+func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	orphans, err := s.Orphans(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var errs []error
+	var (
+		removed []string
+		errs    []error
+	)
 	for _, dir := range orphans {
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove orphan %q: %w", dir, err))
+			continue
 		}
+		log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
+		removed = append(removed, dir)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("cleanup: %w", errors.Join(errs...))
+		return removed, fmt.Errorf("cleanup: %w", errors.Join(errs...))
 	}
-	if len(orphans) > 0 {
-		log.G(ctx).WithField("count", len(orphans)).Info("removed orphaned snapshot directories")
-	}
-	return nil
+	return removed, nil
 }
 
 // Orphans lists the directories Cleanup would remove.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
@@ -167,12 +168,9 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 }
 
 func unmountUnder(t *testing.T, dir string) {
-	data, _ := os.ReadFile("/proc/self/mountinfo")
-	var mps []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			mps = append(mps, f[4])
-		}
+	mps, err := mountgroup.MountsUnder(dir)
+	if err != nil {
+		t.Error(err)
 	}
 	for i := len(mps) - 1; i >= 0; i-- {
 		if err := syscall.Unmount(mps[i], syscall.MNT_DETACH); err != nil {

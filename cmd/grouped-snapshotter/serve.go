@@ -81,7 +81,9 @@ func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 }
 func (a daemonAdmin) Views(ctx context.Context) ([]snapshot.ViewInfo, error) { return a.sn.Views(ctx) }
 func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error)          { return a.sn.Orphans(ctx) }
-func (a daemonAdmin) Cleanup(ctx context.Context) error                      { return a.sn.Cleanup(ctx) }
+func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
+	return a.sn.RemoveOrphans(ctx)
+}
 
 // notify tells systemd about the daemon's state; outside systemd it does
 // nothing.

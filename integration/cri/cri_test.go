@@ -60,7 +60,7 @@ func TestCRIPodLifecycle(t *testing.T) {
 	})
 	t3 := time.Now()
 	want := harness.LayerContent("cri-pod", manyLayers)
-	eventually(t, 20*time.Second, func() error {
+	harness.Eventually(t, 20*time.Second, func() error {
 		if out := crictl(t, env, "logs", id); !strings.Contains(out, strings.TrimSpace(want)) {
 			return fmt.Errorf("container log is %q, want it to contain %q", out, want)
 		}
@@ -95,7 +95,7 @@ func TestCRIPodLifecycle(t *testing.T) {
 	crictl(t, env, "rmp", pod)
 	crictl(t, env, "rmi", ref)
 	t6 := time.Now()
-	eventually(t, 60*time.Second, func() error {
+	harness.Eventually(t, 60*time.Second, func() error {
 		if left := added(snapsBefore, criSnapshots(t, env)); len(left) > 0 {
 			return fmt.Errorf("%d grouped snapshots remain in %s after stopp, rmp, rmi: %v", len(left), harness.CRINamespace, left)
 		}

@@ -155,31 +155,7 @@ func added(before, after map[string]bool) []string {
 // rootfsMount returns the single mount at a CRI task's rootfs.
 func rootfsMount(t *testing.T, env *harness.Env, id string) harness.Mount {
 	t.Helper()
-	target := env.CRITaskRootfs(id)
-	mounts, err := harness.MountsAt(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(mounts) != 1 {
-		t.Fatalf("want exactly 1 mount at %s, got %d: %+v", target, len(mounts), mounts)
-	}
-	return mounts[0]
-}
-
-// eventually polls cond every 100ms until it returns nil or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return harness.SingleMountAt(t, env.CRITaskRootfs(id))
 }
 
 // checkOwner checks path's owner as seen from the host.
@@ -217,7 +193,7 @@ func views(t *testing.T, env *harness.Env) []string {
 // waitViews waits until exactly want views are mounted.
 func waitViews(t *testing.T, env *harness.Env, want int) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() error {
+	harness.Eventually(t, 30*time.Second, func() error {
 		if got := views(t, env); len(got) != want {
 			return fmt.Errorf("%d views mounted under %s, want %d: %v", len(got), viewsDir(env), want, got)
 		}

@@ -108,7 +108,7 @@ func TestNerdctl(t *testing.T) {
 	if images := nerdctl(t, n, r, "images", "--format", "{{.Repository}}:{{.Tag}}"); strings.Contains(images, ref) {
 		t.Errorf("nerdctl images still lists %s after rmi:\n%s", ref, images)
 	}
-	eventually(t, 60*time.Second, func() error {
+	harness.Eventually(t, 60*time.Second, func() error {
 		if left := added(snapsBefore, groupedSnapshots(t, env, harness.SnapshotterGrouped)); len(left) > 0 {
 			return fmt.Errorf("%d grouped snapshots remain after nerdctl rmi", len(left))
 		}

@@ -125,7 +125,7 @@ func checkNewContainers(t *testing.T, env *harness.Env, ref, when string) {
 		if base > 0 {
 			args = append(args, userns(base)...)
 		}
-		eventually(t, 30*time.Second, func() error {
+		harness.Eventually(t, 30*time.Second, func() error {
 			out, err := env.Ctr(t.Context(), append(args, ref, fmt.Sprintf("rel-new-%d", idCount.Add(1)), "echo", "started")...)
 			if err != nil {
 				return fmt.Errorf("%s: new container: %w", when, err)
@@ -213,7 +213,7 @@ func TestRestarts(t *testing.T) {
 	if err := env.Snapshotter.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, func() error { return env.Pull(ctx, newRef) })
+	harness.Eventually(t, 30*time.Second, func() error { return env.Pull(ctx, newRef) })
 	t.Cleanup(func() { _ = env.RemoveImage(context.Background(), newRef) })
 	checkNewContainers(t, env, newRef, "after the snapshotter came back")
 	checkRunning(t, env, cs, "after the snapshotter came back")
