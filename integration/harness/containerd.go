@@ -23,6 +23,9 @@ type Containerd struct {
 	HostsDir string
 	// LogPath collects containerd's output.
 	LogPath string
+	// ConfDir is the drop-in directory the config imports, when
+	// Options.ContainerdImports is set.
+	ConfDir string
 
 	bin  string
 	env  []string
@@ -45,6 +48,8 @@ type configParams struct {
 	cri string
 	// extra is TOML appended at the end (Options.ContainerdConfig).
 	extra string
+	// imports is a glob of drop-ins the config imports; "" imports none.
+	imports string
 }
 
 // disabledPlugins keeps CRI out of the private containerd: the tests drive
@@ -63,8 +68,12 @@ var disabledPlugins = []string{
 func renderConfig(p configParams) string {
 	q := strconv.Quote
 	var b strings.Builder
-	fmt.Fprintf(&b, "version = 3\nroot = %s\nstate = %s\ntemp = %s\nimports = []\n",
-		q(p.containerdRoot), q(p.state), q(filepath.Join(p.dir, "tmp")))
+	imports := ""
+	if p.imports != "" {
+		imports = q(p.imports)
+	}
+	fmt.Fprintf(&b, "version = 3\nroot = %s\nstate = %s\ntemp = %s\nimports = [%s]\n",
+		q(p.containerdRoot), q(p.state), q(filepath.Join(p.dir, "tmp")), imports)
 	var quoted []string
 	if p.cri == "" {
 		for _, name := range disabledPlugins {

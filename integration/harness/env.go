@@ -48,6 +48,11 @@ type Options struct {
 	// e.g. a transfer-service setting a benchmark turns on for every
 	// snapshotter alike.
 	ContainerdConfig string
+	// ContainerdImports makes containerd's config import
+	// <containerd dir>/conf.d/*.toml (Containerd.ConfDir), where a node
+	// installer drops its registration, as on a node whose
+	// /etc/containerd/config.toml imports conf.d.
+	ContainerdImports bool
 }
 
 // Env is one private registry + grouped-snapshotter + containerd.
@@ -72,6 +77,7 @@ type Env struct {
 	hostState hostState
 	withCRI   bool
 	extraTOML string
+	imports   bool
 	closed    bool
 }
 
@@ -118,6 +124,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		hostState:       recordHostState(),
 		withCRI:         opts.CRI,
 		extraTOML:       opts.ContainerdConfig,
+		imports:         opts.ContainerdImports,
 	}
 	defer func() {
 		if err != nil {
@@ -187,6 +194,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 		ConfigPath: filepath.Join(base, "config.toml"),
 		HostsDir:   filepath.Join(base, "certs.d"),
 		LogPath:    filepath.Join(e.Dir, "logs", "containerd.log"),
+		ConfDir:    filepath.Join(base, "conf.d"),
 		bin:        e.Tools.Path("containerd"),
 		// The shim is found on PATH and finds runc on PATH.
 		env: []string{"PATH=" + e.Tools.Dir + string(os.PathListSeparator) + os.Getenv("PATH")},
@@ -211,6 +219,12 @@ func (e *Env) startContainerd(ctx context.Context) error {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 	}
 	p.extra = e.extraTOML
+	if e.imports {
+		if err := mkdirs(0o755, c.ConfDir); err != nil {
+			return err
+		}
+		p.imports = filepath.Join(c.ConfDir, "*.toml")
+	}
 	if e.withCRI {
 		cri, err := e.setupCRI(ctx, c)
 		if err != nil {
