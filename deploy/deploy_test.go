@@ -71,8 +71,16 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet) {
 	if c.ReadinessProbe == nil || c.ReadinessProbe.Exec == nil || !strings.Contains(strings.Join(c.ReadinessProbe.Exec.Command, " "), "grpc-health-probe") {
 		t.Error("readiness must come from the gRPC health probe on the daemon's socket")
 	}
-	if !strings.Contains(strings.Join(c.Args, " "), "install.sh install --host-root /host") {
-		t.Errorf("the installer does not run install.sh: %v", c.Args)
+	args := strings.Join(c.Args, " ")
+	if !strings.Contains(args, "install.sh install ") || !strings.Contains(args, "install.sh supervise") {
+		t.Errorf("the pod does not run install.sh install, then supervise: %v", c.Args)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["GS_HOST_ROOT"] != "/host" || len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/host" {
+		t.Errorf("the host's / must be at GS_HOST_ROOT=/host: env %v, mounts %v", env, c.VolumeMounts)
 	}
 	if ds.Spec.Selector == nil || ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != ds.Spec.Template.Labels["app.kubernetes.io/name"] {
 		t.Error("selector does not match the pod template")

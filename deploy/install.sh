@@ -1,17 +1,44 @@
 #!/bin/sh
 # Installs or uninstalls grouped-snapshotter on a node: the binary, the
-# systemd unit, the config file and a containerd drop-in that registers the
-# proxy plugin. Idempotent: running it twice changes nothing the second time.
+# service (systemd, or a supervised process on hosts without systemd), the
+# config file and a containerd drop-in that registers the proxy plugin.
+# Idempotent: running it twice changes nothing the second time.
 #
-#   install.sh install   [--host-root DIR] [--binary PATH] [--cri] [--no-start]
-#   install.sh uninstall [--host-root DIR] [--no-start]
+#   install.sh install   [options] [--binary PATH] [--cri]
+#   install.sh uninstall [options] [--purge]
+#   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
-# --host-root  install into DIR instead of / (the DaemonSet mounts the host
-#              there; tests use a temporary directory)
-# --binary     the grouped-snapshotter binary to install (default: next to
-#              this script, or bin/grouped-snapshotter)
-# --cri        also make CRI (kubelet) pull and run with grouped-snapshotter
-# --no-start   do not touch systemd or containerd, only files
+# --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
+#                       it at /host; tests use a temporary directory); host
+#                       commands then run through nsenter into PID 1
+# --binary PATH         the grouped-snapshotter binary to install (default:
+#                       next to this script, or bin/grouped-snapshotter)
+# --cri                 also make CRI (kubelet) pull and run with it
+# --no-start            only files: touch no service and no containerd
+# --purge               uninstall also removes the snapshotter's data (its
+#                       root, after unmounting its views) and its log
+# --service-manager M   systemd | none | auto (default: systemd when the
+#                       host runs it). none: the daemon runs as a detached
+#                       host process in a cgroup of its own, started here
+#                       and restarted by `supervise` while the pod lives
+# --containerd-restart CMD
+#                       how to restart containerd on the host (default
+#                       with systemd: systemctl restart containerd.service;
+#                       required with none)
+# --containerd-config F containerd's main config (default
+#                       /etc/containerd/config.toml); the drop-in goes to
+#                       conf.d/ next to it
+# --root DIR, --socket PATH, --bin-dir DIR, --config-file F, --log-file F
+#                       where the daemon keeps its data, serves, is
+#                       installed, reads its config and (without systemd)
+#                       logs
+#
+# Every option except --binary, --cri, --no-start and --purge can also be
+# given in the environment (GS_HOST_ROOT, GS_SERVICE_MANAGER,
+# GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG, GS_ROOT, GS_SOCKET,
+# GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE), which is how the DaemonSet keeps
+# install, supervise and an uninstall run through `kubectl exec` in step.
+# All paths are host paths.
 #
 # On install, the order matters for a running node: the snapshotter starts
 # and its socket answers BEFORE containerd is restarted with the drop-in;
@@ -21,32 +48,56 @@ set -eu
 
 ACTION=${1:-}
 [ $# -gt 0 ] && shift
-HOST=/
+HOST=${GS_HOST_ROOT:-/}
+SERVICE_MANAGER=${GS_SERVICE_MANAGER:-auto}
+CONTAINERD_RESTART=${GS_CONTAINERD_RESTART:-}
+CONTAINERD_CONFIG=${GS_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+ROOT=${GS_ROOT:-/var/lib/grouped-snapshotter}
+SOCKET=${GS_SOCKET:-/run/grouped-snapshotter/grouped-snapshotter.sock}
+BIN_DIR=${GS_BIN_DIR:-/usr/local/bin}
+CONFIG_FILE=${GS_CONFIG_FILE:-/etc/grouped-snapshotter/config.toml}
+LOG_FILE=${GS_LOG_FILE:-/var/log/grouped-snapshotter.log}
 BINARY=
 CRI=0
 START=1
+PURGE=0
+usage() { echo "usage: install.sh install|uninstall|supervise [options] (see the comment at the top)" >&2; exit 2; }
+need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--host-root) HOST=$2; shift 2 ;;
-	--binary) BINARY=$2; shift 2 ;;
+	--host-root) need "$@"; HOST=$2; shift 2 ;;
+	--binary) need "$@"; BINARY=$2; shift 2 ;;
 	--cri) CRI=1; shift ;;
 	--no-start) START=0; shift ;;
+	--purge) PURGE=1; shift ;;
+	--service-manager) need "$@"; SERVICE_MANAGER=$2; shift 2 ;;
+	--containerd-restart) need "$@"; CONTAINERD_RESTART=$2; shift 2 ;;
+	--containerd-config) need "$@"; CONTAINERD_CONFIG=$2; shift 2 ;;
+	--root) need "$@"; ROOT=$2; shift 2 ;;
+	--socket) need "$@"; SOCKET=$2; shift 2 ;;
+	--bin-dir) need "$@"; BIN_DIR=$2; shift 2 ;;
+	--config-file) need "$@"; CONFIG_FILE=$2; shift 2 ;;
+	--log-file) need "$@"; LOG_FILE=$2; shift 2 ;;
 	*) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
-case "$ACTION" in install|uninstall) ;; *) echo "usage: install.sh install|uninstall [options]" >&2; exit 2 ;; esac
+case "$ACTION" in install|uninstall|supervise) ;; *) usage ;; esac
+for p in "$CONTAINERD_CONFIG" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
+	case "$p" in /*) ;; *) echo "install.sh: $p is not an absolute host path" >&2; exit 2 ;; esac
+done
+case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 H=${HOST%/}
-BIN_DST=$H/usr/local/bin/grouped-snapshotter
-UNIT_DST=$H/etc/systemd/system/grouped-snapshotter.service
-CONFIG_DST=$H/etc/grouped-snapshotter/config.toml
-DROPIN_DST=$H/etc/containerd/conf.d/grouped-snapshotter.toml
-CONTAINERD_CONFIG=$H/etc/containerd/config.toml
-IMPORT_PATTERN=/etc/containerd/conf.d/*.toml
+BIN=$BIN_DIR/grouped-snapshotter
+UNIT=/etc/systemd/system/grouped-snapshotter.service
+CONFD=$(dirname "$CONTAINERD_CONFIG")/conf.d
+DROPIN=$CONFD/grouped-snapshotter.toml
+IMPORT_PATTERN=$CONFD/*.toml
+RUN_DIR=$(dirname "$SOCKET")
+PIDFILE=$RUN_DIR/grouped-snapshotter.pid
+CGROUP_NAME=grouped-snapshotter
 MARK="# added by grouped-snapshotter install.sh; removed by its uninstall"
-SOCKET=/run/grouped-snapshotter/grouped-snapshotter.sock
-ROOT=/var/lib/grouped-snapshotter
 
 # Commands run on the host: directly, or through nsenter into the host's
 # namespaces when the host is mounted elsewhere (the DaemonSet).
@@ -54,20 +105,49 @@ host() {
 	if [ "$H" = "" ]; then "$@"; else nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"; fi
 }
 
+if [ "$SERVICE_MANAGER" = auto ]; then
+	# --no-start only lays out files: the systemd layout, ready to enable.
+	if [ "$START" = 0 ] || [ -d "$H/run/systemd/system" ]; then SERVICE_MANAGER=systemd; else SERVICE_MANAGER=none; fi
+fi
+case "$SERVICE_MANAGER" in
+systemd) [ -n "$CONTAINERD_RESTART" ] || CONTAINERD_RESTART="systemctl restart containerd.service" ;;
+none) ;;
+*) echo "install.sh: --service-manager must be systemd, none or auto, not $SERVICE_MANAGER" >&2; exit 2 ;;
+esac
+if [ "$START" = 1 ] && [ "$ACTION" != supervise ] && [ -z "$CONTAINERD_RESTART" ]; then
+	echo "install.sh: the host has no systemd: say how to restart containerd with --containerd-restart (or GS_CONTAINERD_RESTART)" >&2
+	exit 2
+fi
+
+# daemon_args: the daemon's flags, only for values that differ from its
+# defaults, so that a default install runs the plain shipped unit.
+daemon_args() {
+	args=serve
+	[ "$CONFIG_FILE" = /etc/grouped-snapshotter/config.toml ] || args="$args --config $CONFIG_FILE"
+	[ "$ROOT" = /var/lib/grouped-snapshotter ] || args="$args --root $ROOT"
+	[ "$SOCKET" = /run/grouped-snapshotter/grouped-snapshotter.sock ] || args="$args --address $SOCKET"
+	echo "$args"
+}
+
 # install_file SRC DST MODE: copy only when different, so reruns are no-ops.
+# It returns 1 when DST was already up to date.
 install_file() {
-	if [ -f "$2" ] && cmp -s "$1" "$2"; then return 0; fi
+	if [ -f "$2" ] && cmp -s "$1" "$2"; then return 1; fi
 	mkdir -p "$(dirname "$2")"
 	staged="$2.tmp.$$"
 	cp "$1" "$staged" && chmod "$3" "$staged" && mv -f "$staged" "$2"
 	echo "installed $2"
 }
 
+unit() {
+	sed "s#^ExecStart=.*#ExecStart=$BIN $(daemon_args)#" "$HERE/systemd/grouped-snapshotter.service"
+}
+
 dropin() {
 	cat <<TOML
 # Registers grouped-snapshotter with containerd 2.x. Installed by
 # grouped-snapshotter's install.sh; imported through
-# imports = ["$IMPORT_PATTERN"] in /etc/containerd/config.toml.
+# imports = ["$IMPORT_PATTERN"] in $CONTAINERD_CONFIG.
 version = 3
 
 [proxy_plugins.grouped]
@@ -105,35 +185,38 @@ TOML
 # it sets CONFIG_CHANGED=1 when it had to change the file.
 CONFIG_CHANGED=0
 ensure_imports() {
-	if [ ! -f "$CONTAINERD_CONFIG" ]; then
-		mkdir -p "$(dirname "$CONTAINERD_CONFIG")"
-		printf '%s\nversion = 3\nimports = ["%s"]\n' "$MARK (whole file)" "$IMPORT_PATTERN" >"$CONTAINERD_CONFIG"
+	cfg=$H$CONTAINERD_CONFIG
+	if [ ! -f "$cfg" ]; then
+		mkdir -p "$(dirname "$cfg")"
+		printf '%s\nversion = 3\nimports = ["%s"]\n' "$MARK (whole file)" "$IMPORT_PATTERN" >"$cfg"
 		CONFIG_CHANGED=1
-		echo "created $CONTAINERD_CONFIG importing $IMPORT_PATTERN"
+		echo "created $cfg importing $IMPORT_PATTERN"
 		return 0
 	fi
-	if grep -Eq '^[[:space:]]*imports[[:space:]]*=.*conf\.d' "$CONTAINERD_CONFIG"; then
+	if grep -Fq "\"$IMPORT_PATTERN\"" "$cfg" || grep -Fq "'$IMPORT_PATTERN'" "$cfg"; then
 		return 0
 	fi
-	if grep -Eq '^[[:space:]]*imports[[:space:]]*=' "$CONTAINERD_CONFIG"; then
-		echo "install.sh: $CONTAINERD_CONFIG has an imports line without $IMPORT_PATTERN; add it by hand" >&2
+	if grep -Eq '^[[:space:]]*imports[[:space:]]*=' "$cfg"; then
+		echo "install.sh: $cfg has an imports line without \"$IMPORT_PATTERN\"; add it by hand" >&2
 		exit 1
 	fi
 	# Top-level keys must precede every table: put imports first.
-	tmp="$CONTAINERD_CONFIG.tmp.$$"
-	{ printf '%s\nimports = ["%s"]\n' "$MARK" "$IMPORT_PATTERN"; cat "$CONTAINERD_CONFIG"; } >"$tmp"
-	chmod --reference="$CONTAINERD_CONFIG" "$tmp" 2>/dev/null || true
-	mv -f "$tmp" "$CONTAINERD_CONFIG"
+	tmp="$cfg.tmp.$$"
+	{ printf '%s\nimports = ["%s"]\n' "$MARK" "$IMPORT_PATTERN"; cat "$cfg"; } >"$tmp"
+	chmod --reference="$cfg" "$tmp" 2>/dev/null || true
+	mv -f "$tmp" "$cfg"
 	CONFIG_CHANGED=1
-	echo "added imports of $IMPORT_PATTERN to $CONTAINERD_CONFIG"
+	echo "added imports of $IMPORT_PATTERN to $cfg"
+}
+
+answers() {
+	host "$BIN" version --address "$SOCKET" 2>/dev/null | grep -q '^daemon: [^n]'
 }
 
 wait_for_socket() {
 	i=0
 	while [ $i -lt 60 ]; do
-		if host /usr/local/bin/grouped-snapshotter version --address "$SOCKET" 2>/dev/null | grep -q '^daemon: [^n]'; then
-			return 0
-		fi
+		answers && return 0
 		i=$((i + 1))
 		sleep 1
 	done
@@ -141,6 +224,84 @@ wait_for_socket() {
 	exit 1
 }
 
+restart_containerd() {
+	echo "restarting containerd ($CONTAINERD_RESTART)"
+	# shellcheck disable=SC2086 # the command is a command line
+	host sh -c "$CONTAINERD_RESTART"
+}
+
+# --- without systemd: a detached host process in a cgroup of its own ---
+
+# running_pid prints the daemon's pid when the pidfile names a live
+# grouped-snapshotter process.
+running_pid() {
+	pid=$(cat "$H$PIDFILE" 2>/dev/null) || return 1
+	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
+	host sh -c "kill -0 $pid 2>/dev/null && grep -q grouped-snapshotter /proc/$pid/cmdline" || return 1
+	echo "$pid"
+}
+
+# start_detached starts the daemon on the host, outside this pod: in a new
+# session, in cgroups of its own (a pod's cgroup is killed with the pod),
+# with its output in the log file. The daemon itself refuses to start when
+# another one serves the socket or holds the metadata.
+start_detached() {
+	mkdir -p "$H$RUN_DIR" "$(dirname "$H$LOG_FILE")"
+	host setsid sh -c '
+		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+			[ -f "${d}cgroup.procs" ] || continue
+			g=${d}'"$CGROUP_NAME"'
+			mkdir -p "$g"
+			# cgroup v1 cpuset: an empty cpuset refuses tasks.
+			[ ! -f "$g/cpuset.cpus" ] || [ -n "$(cat "$g/cpuset.cpus")" ] || cat "${d}cpuset.cpus" >"$g/cpuset.cpus"
+			[ ! -f "$g/cpuset.mems" ] || [ -n "$(cat "$g/cpuset.mems")" ] || cat "${d}cpuset.mems" >"$g/cpuset.mems"
+			echo $$ >"$g/cgroup.procs"
+		done
+		echo $$ >"'"$PIDFILE"'"
+		exec "'"$BIN"'" '"$(daemon_args)"' >>"'"$LOG_FILE"'" 2>&1 </dev/null
+	' </dev/null >/dev/null 2>&1 &
+	echo "started grouped-snapshotter on the host (log $LOG_FILE)"
+}
+
+# stop_detached ends the daemon the pidfile names. The pidfile goes first,
+# so that `supervise` does not take the stop for a crash.
+stop_detached() {
+	pid=$(running_pid) || { rm -f "$H$PIDFILE"; return 0; }
+	rm -f "$H$PIDFILE"
+	host kill -TERM "$pid"
+	i=0
+	while host kill -0 "$pid" 2>/dev/null; do
+		i=$((i + 1))
+		if [ $i -gt 450 ]; then
+			echo "install.sh: grouped-snapshotter (pid $pid) did not stop within 45 s" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+	echo "stopped grouped-snapshotter (pid $pid)"
+}
+
+remove_cgroups() {
+	host sh -c 'for d in /sys/fs/cgroup/*/'"$CGROUP_NAME"' /sys/fs/cgroup/'"$CGROUP_NAME"'; do [ ! -d "$d" ] || rmdir "$d" 2>/dev/null || true; done'
+}
+
+start_service() {
+	if [ "$SERVICE_MANAGER" = systemd ]; then
+		host systemctl daemon-reload
+		host systemctl enable grouped-snapshotter.service >/dev/null
+		host systemctl restart grouped-snapshotter.service
+	else
+		# A new binary (or a first install) restarts the daemon; an
+		# unchanged one keeps serving.
+		if [ "$BINARY_CHANGED" = 1 ] || ! running_pid >/dev/null; then
+			stop_detached
+			start_detached
+		fi
+	fi
+	wait_for_socket
+}
+
+BINARY_CHANGED=0
 do_install() {
 	if [ -z "$BINARY" ]; then
 		for b in "$HERE/grouped-snapshotter" "$HERE/../bin/grouped-snapshotter"; do
@@ -148,74 +309,108 @@ do_install() {
 		done
 	fi
 	[ -n "$BINARY" ] && [ -x "$BINARY" ] || { echo "install.sh: no grouped-snapshotter binary (use --binary)" >&2; exit 1; }
-	install_file "$BINARY" "$BIN_DST" 0755
-	install_file "$HERE/systemd/grouped-snapshotter.service" "$UNIT_DST" 0644
-	if [ ! -f "$CONFIG_DST" ]; then
+	rendered=$(mktemp)
+	trap 'rm -f "$rendered"' EXIT
+	if install_file "$BINARY" "$H$BIN" 0755; then BINARY_CHANGED=1; fi
+	if [ "$SERVICE_MANAGER" = systemd ]; then
+		unit >"$rendered"
+		install_file "$rendered" "$H$UNIT" 0644 || true
+	fi
+	if [ ! -f "$H$CONFIG_FILE" ]; then
 		# The operator's config is never overwritten.
 		for example in "$HERE/config.toml.example" "$HERE/../config.toml.example"; do
-			[ -f "$example" ] && install_file "$example" "$CONFIG_DST" 0644 && break
+			if [ -f "$example" ]; then install_file "$example" "$H$CONFIG_FILE" 0644 || true; break; fi
 		done
 	fi
 	if [ "$START" = 1 ]; then
-		host systemctl daemon-reload
-		host systemctl enable grouped-snapshotter.service >/dev/null
-		host systemctl restart grouped-snapshotter.service
-		wait_for_socket
+		start_service
 	fi
-	if [ ! -d "$(dirname "$DROPIN_DST")" ]; then
+	if [ ! -d "$H$CONFD" ]; then
 		# Remember that conf.d is ours, so uninstall can remove it again.
-		mkdir -p "$(dirname "$DROPIN_DST")"
-		: >"$(dirname "$DROPIN_DST")/.created-by-grouped-snapshotter"
+		mkdir -p "$H$CONFD"
+		: >"$H$CONFD/.created-by-grouped-snapshotter"
 	fi
-	rendered=$(mktemp)
-	trap 'rm -f "$rendered"' EXIT
 	dropin >"$rendered"
 	dropin_changed=0
-	if ! { [ -f "$DROPIN_DST" ] && cmp -s "$rendered" "$DROPIN_DST"; }; then dropin_changed=1; fi
-	install_file "$rendered" "$DROPIN_DST" 0644
+	if install_file "$rendered" "$H$DROPIN" 0644; then dropin_changed=1; fi
 	ensure_imports
 	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
-		echo "restarting containerd to load the drop-in (the snapshotter answers)"
-		host systemctl restart containerd.service
+		echo "the snapshotter answers on $SOCKET: containerd can load the drop-in"
+		restart_containerd
 	fi
 	echo "grouped-snapshotter installed"
 }
 
 do_uninstall() {
-	if [ "$START" = 1 ]; then
-		host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
-	fi
 	removed_dropin=0
-	[ -f "$DROPIN_DST" ] && removed_dropin=1
-	for f in "$DROPIN_DST" "$UNIT_DST" "$BIN_DST" "$CONFIG_DST"; do
-		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
-	done
-	rmdir "$H/etc/grouped-snapshotter" 2>/dev/null || true
-	confd=$(dirname "$DROPIN_DST")
-	if [ -f "$confd/.created-by-grouped-snapshotter" ]; then
-		rm -f "$confd/.created-by-grouped-snapshotter"
-		rmdir "$confd" 2>/dev/null || true
+	[ -f "$H$DROPIN" ] && removed_dropin=1
+	rm -f "$H$DROPIN"
+	[ "$removed_dropin" = 0 ] || echo "removed $H$DROPIN"
+	if [ -f "$H$CONFD/.created-by-grouped-snapshotter" ]; then
+		rm -f "$H$CONFD/.created-by-grouped-snapshotter"
+		rmdir "$H$CONFD" 2>/dev/null || true
 	fi
 	# Undo ensure_imports: the whole file if install created it, else the
 	# two lines it added.
-	if [ -f "$CONTAINERD_CONFIG" ]; then
-		if [ "$(head -n 1 "$CONTAINERD_CONFIG")" = "$MARK (whole file)" ]; then
-			rm -f "$CONTAINERD_CONFIG" && echo "removed $CONTAINERD_CONFIG"
-			rmdir "$H/etc/containerd" 2>/dev/null || true
-		elif [ "$(head -n 1 "$CONTAINERD_CONFIG")" = "$MARK" ]; then
-			tmp="$CONTAINERD_CONFIG.tmp.$$"
-			tail -n +3 "$CONTAINERD_CONFIG" >"$tmp"
-			chmod --reference="$CONTAINERD_CONFIG" "$tmp" 2>/dev/null || true
-			mv -f "$tmp" "$CONTAINERD_CONFIG" && echo "removed the imports line install added to $CONTAINERD_CONFIG"
+	cfg=$H$CONTAINERD_CONFIG
+	if [ -f "$cfg" ]; then
+		if [ "$(head -n 1 "$cfg")" = "$MARK (whole file)" ]; then
+			rm -f "$cfg" && echo "removed $cfg"
+			rmdir "$(dirname "$cfg")" 2>/dev/null || true
+		elif [ "$(head -n 1 "$cfg")" = "$MARK" ]; then
+			tmp="$cfg.tmp.$$"
+			tail -n +3 "$cfg" >"$tmp"
+			chmod --reference="$cfg" "$tmp" 2>/dev/null || true
+			mv -f "$tmp" "$cfg" && echo "removed the imports line install added to $cfg"
 		fi
 	fi
-	if [ "$START" = 1 ]; then
-		host systemctl daemon-reload
-		[ "$removed_dropin" = 1 ] && host systemctl restart containerd.service
+	# containerd lets go of the snapshotter before the snapshotter stops.
+	if [ "$START" = 1 ] && [ "$removed_dropin" = 1 ]; then
+		restart_containerd
 	fi
-	# Snapshots under $ROOT are left for the operator: images pulled with
-	# grouped-snapshotter are gone from containerd's view once the drop-in is.
-	echo "grouped-snapshotter uninstalled (data in $H$ROOT kept; remove it by hand)"
+	if [ "$START" = 1 ]; then
+		if [ "$SERVICE_MANAGER" = systemd ]; then
+			host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
+		else
+			stop_detached
+			remove_cgroups
+		fi
+	fi
+	if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
+		# Refuses while a daemon serves the socket; unmounts the views.
+		host "$BIN" purge --root "$ROOT" --address "$SOCKET"
+	fi
+	for f in "$H$UNIT" "$H$BIN" "$H$CONFIG_FILE"; do
+		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
+	done
+	if [ "$PURGE" = 1 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
+	rmdir "$(dirname "$H$CONFIG_FILE")" 2>/dev/null || true
+	rmdir "$H$RUN_DIR" 2>/dev/null || true
+	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
+		host systemctl daemon-reload
+	fi
+	if [ "$PURGE" = 1 ]; then
+		echo "grouped-snapshotter uninstalled, data purged"
+	else
+		# Images pulled with grouped-snapshotter are gone from
+		# containerd's view once the drop-in is.
+		echo "grouped-snapshotter uninstalled (data in $H$ROOT kept; uninstall --purge removes it)"
+	fi
+}
+
+# do_supervise is the DaemonSet pod's main loop after install: without
+# systemd it restarts a daemon that died (not one uninstall stopped: that
+# removed the pidfile first); with systemd, systemd does that.
+do_supervise() {
+	trap 'exit 0' TERM INT
+	while :; do
+		if [ "$SERVICE_MANAGER" = none ] && [ -f "$H$PIDFILE" ] && [ -x "$H$BIN" ] && ! running_pid >/dev/null; then
+			echo "grouped-snapshotter is not running: starting it again"
+			start_detached
+		fi
+		sleep 5 &
+		wait $! || true
+	done
 }
 
 "do_$ACTION"

@@ -22,7 +22,7 @@ root=$work/rootfs
 mkdir -p "$root"/{bin,usr/local/bin,deploy/systemd,tmp,etc}
 chmod 1777 "$root/tmp"
 cp "$BUSYBOX" "$root/bin/busybox"
-for applet in sh sleep nsenter cmp mktemp grep sed cat mkdir cp chmod mv rm rmdir head tail printf dirname basename echo test true false env ls; do
+for applet in sh sleep kill nsenter cmp mktemp grep sed cat mkdir cp chmod mv rm rmdir head tail printf dirname basename echo test true false env ls; do
 	ln -s busybox "$root/bin/$applet"
 done
 (cd "$REPO" && CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}" -o "$root/usr/local/bin/grouped-snapshotter" ./cmd/grouped-snapshotter)

@@ -26,6 +26,7 @@ func main() {
 			usageCommand(),
 			viewsCommand(),
 			gcCommand(),
+			purgeCommand(),
 			configCommand(),
 			versionCommand(),
 		},
