@@ -376,16 +376,19 @@ do_uninstall() {
 			remove_cgroups
 		fi
 	fi
+	if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ] && supervisor_pid=$(running_supervisor); then
+		# Run from the DaemonSet pod (kubectl exec): the pod's own root
+		# filesystem may be made of the snapshotter's layers, so the
+		# purge waits on the host until the pod is gone.
+		deferred_purge "$supervisor_pid"
+		echo "grouped-snapshotter uninstalled; its data is purged once this pod is deleted"
+		return 0
+	fi
 	if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
 		# Refuses while a daemon serves the socket; unmounts the views.
 		host "$BIN" purge --root "$ROOT" --address "$SOCKET"
 	fi
-	for f in "$H$UNIT" "$H$BIN" "$H$CONFIG_FILE"; do
-		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
-	done
-	if [ "$PURGE" = 1 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
-	rmdir "$(dirname "$H$CONFIG_FILE")" 2>/dev/null || true
-	rmdir "$H$RUN_DIR" 2>/dev/null || true
+	remove_files
 	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
 		host systemctl daemon-reload
 	fi
@@ -398,10 +401,56 @@ do_uninstall() {
 	fi
 }
 
+remove_files() {
+	for f in "$H$UNIT" "$H$BIN" "$H$CONFIG_FILE"; do
+		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
+	done
+	if [ "$PURGE" = 1 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
+	rmdir "$(dirname "$H$CONFIG_FILE")" 2>/dev/null || true
+	rmdir "$H$RUN_DIR" 2>/dev/null || true
+}
+
+# The supervise loop of a DaemonSet pod records its (host) pid in the pod's
+# own /tmp, where an uninstall run with kubectl exec in the same pod finds it.
+SUPERVISOR_PIDFILE=/tmp/grouped-snapshotter-supervise.pid
+running_supervisor() {
+	[ -n "$H" ] || return 1
+	pid=$(cat "$SUPERVISOR_PIDFILE" 2>/dev/null) || return 1
+	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
+	kill -0 "$pid" 2>/dev/null || return 1
+	echo "$pid"
+}
+
+# deferred_purge PID: a host process, outside this pod's cgroups, waits for
+# PID (this pod's main process) to end, then purges the root and removes
+# the binary, config, unit and log. It gives up after an hour.
+deferred_purge() {
+	rmfiles=
+	for f in "$UNIT" "$BIN" "$CONFIG_FILE"; do rmfiles="$rmfiles $f"; done
+	[ "$PURGE" = 0 ] || rmfiles="$rmfiles $LOG_FILE"
+	host setsid sh -c '
+		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+			[ -f "${d}cgroup.procs" ] && echo $$ >"${d}cgroup.procs" 2>/dev/null || true
+		done
+		i=0
+		while kill -0 '"$1"' 2>/dev/null; do
+			i=$((i + 1)); [ $i -lt 3600 ] || exit 1
+			sleep 1
+		done
+		# The pod'"'"'s container has exited; its root filesystem is unmounted right after.
+		sleep 2
+		"'"$BIN"'" purge --root "'"$ROOT"'" --address "'"$SOCKET"'" || exit 1
+		rm -f '"$rmfiles"'
+		rmdir "'"$(dirname "$CONFIG_FILE")"'" "'"$RUN_DIR"'" 2>/dev/null
+		exit 0
+	' </dev/null >/dev/null 2>&1 &
+}
+
 # do_supervise is the DaemonSet pod's main loop after install: without
 # systemd it restarts a daemon that died (not one uninstall stopped: that
 # removed the pidfile first); with systemd, systemd does that.
 do_supervise() {
+	echo $$ >"$SUPERVISOR_PIDFILE"
 	trap 'exit 0' TERM INT
 	while :; do
 		if [ "$SERVICE_MANAGER" = none ] && [ -f "$H$PIDFILE" ] && [ -x "$H$BIN" ] && ! running_pid >/dev/null; then

@@ -1,0 +1,701 @@
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/kube"
+)
+
+const (
+	manyLayers = 50
+	dsNS       = "grouped-snapshotter"
+)
+
+// TestDaemonSet deploys grouped-snapshotter the way an operator would: a
+// cluster whose containerd runs on its default snapshotter gets the
+// project's DaemonSet (its image in the local registry); once it has
+// installed and registered the snapshotter, workloads run on it, a new
+// build rolls out under them, and the documented uninstall leaves the
+// node as it was.
+func TestDaemonSet(t *testing.T) {
+	env, cl := testCluster(t)
+	ctx := t.Context()
+	n := newNode(env)
+	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rs := startRestarter(t, env, n)
+	t.Cleanup(rs.Close)
+	t.Cleanup(func() { cleanupNode(t, n) })
+
+	before := nodeState(t, env, n)
+	t0 := time.Now()
+	v1 := buildInstallerImage(t, env, "e2e-1")
+	v2 := buildInstallerImage(t, env, "e2e-2")
+	many := buildImage(t, env, harness.ImageSpec{Name: "k8s-many", Layers: manyLayers})
+	one := buildImage(t, env, harness.ImageSpec{Name: "k8s-one", Layers: 1})
+	t.Logf("images built and pushed in %s", since(t0))
+
+	// Before the DaemonSet, CRI runs on containerd's overlayfs.
+	if _, err := os.Stat(n.Root); !os.IsNotExist(err) {
+		t.Fatalf("%s exists before the install", n.Root)
+	}
+
+	t.Run("install", func(t *testing.T) {
+		t0 := time.Now()
+		kubectlApply(t, cl, daemonSetManifest(t, v1, n))
+		kubectl(t, cl, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=240s")
+		t.Logf("DaemonSet installed and ready in %s", since(t0))
+		pid := n.DaemonPID()
+		if pid == 0 {
+			t.Fatalf("no grouped-snapshotter running from %s\n%s", n.PIDFile(), podLogs(t, cl))
+		}
+		if !n.answers(ctx) {
+			t.Fatalf("grouped-snapshotter (pid %d) does not answer on %s", pid, n.Socket)
+		}
+		// Outside the pod's cgroups: deleting the pod must not kill it.
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+			if !strings.HasSuffix(line, "/grouped-snapshotter") {
+				t.Errorf("daemon cgroup %q is not its own", line)
+			}
+		}
+		restarts := rs.Restarts()
+		if len(restarts) != 1 || restarts[0].Err != nil || !restarts[0].SnapshotterServed {
+			t.Fatalf("containerd restarts during install: %+v (want one, after the snapshotter answered)", restarts)
+		}
+		if _, err := os.Stat(filepath.Join(env.Containerd.ConfDir, "grouped-snapshotter.toml")); err != nil {
+			t.Fatalf("no containerd drop-in: %v", err)
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("deployment", func(t *testing.T) {
+		kubectlApply(t, cl, deploymentManifest("app", many, 2))
+		kubectl(t, cl, "rollout", "status", "deploy/app", "--timeout=180s")
+		pods := podsWithLabel(t, cl, "app=app")
+		if len(pods) != 2 {
+			t.Fatalf("deployment pods: %d, want 2", len(pods))
+		}
+		snaps := criSnapshots(t, env)
+		for _, p := range pods {
+			id := containerID(t, p, "app")
+			if !snaps[id] {
+				t.Errorf("container %s of pod %s has no snapshot in grouped-snapshotter", id, p.Name)
+			}
+			m := harness.SingleMountAt(t, env.CRITaskRootfs(id))
+			lowers := m.Lowerdirs()
+			if m.FSType != "overlay" || len(lowers) != manyLayers {
+				t.Fatalf("rootfs of pod %s: %s with %d lowerdirs, want one overlay of %d", p.Name, m.FSType, len(lowers), manyLayers)
+			}
+			for _, l := range lowers {
+				if filepath.Dir(l) != filepath.Join(n.Root, "l") {
+					t.Fatalf("lowerdir %s of pod %s is not in grouped-snapshotter's %s/l", l, p.Name, n.Root)
+				}
+			}
+		}
+	})
+
+	t.Run("userns-pods", func(t *testing.T) {
+		usernsPods(t, env, cl, n, many, one)
+	})
+
+	t.Run("image-fs-stats", func(t *testing.T) {
+		imageFsStats(t, env, cl, n)
+	})
+
+	t.Run("rollout", func(t *testing.T) {
+		rollout(t, cl, n, rs, v2, many)
+	})
+
+	t.Run("uninstall", func(t *testing.T) {
+		uninstall(t, env, cl, n, rs, before)
+	})
+}
+
+func usernsPods(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, many, one string) {
+	ctx := t.Context()
+	type traced struct {
+		name   string
+		layers int
+		counts harness.MountCounts
+	}
+	var runs []traced
+	start := func(name, image string, layers int) {
+		pids := append([]int{env.Containerd.PID(), n.DaemonPID()}, env.ShimPIDs()...)
+		tr, err := harness.StartMountTrace(pids...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		kubectlApply(t, cl, usernsPodManifest(name, image))
+		_, err = cl.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=180s")
+		d := since(t0)
+		counts, stopErr := tr.Stop()
+		if err != nil {
+			t.Fatalf("pod %s: %v\n%s", name, err, describe(t, cl, "pod/"+name))
+		}
+		if stopErr != nil {
+			t.Fatal(stopErr)
+		}
+		runs = append(runs, traced{name, layers, counts})
+		t.Logf("pod %s (%d layers, sandbox + 2 containers) ready in %s: snapshot side %d mount-family syscalls %s, idmap %d; runc %d",
+			name, layers, d, counts.SnapshotSide().Total(), counts.SnapshotSide().Groups(),
+			counts.SnapshotSide().Syscalls(harness.IDMapSyscalls...), counts.Runc().Total())
+	}
+	names := []string{"userns-0", "userns-1", "userns-2"}
+	for _, name := range names {
+		start(name, many, manyLayers)
+	}
+	start("userns-one", one, 1)
+
+	// Mount-family syscalls per pod start do not grow with the layers; the
+	// pod's new mapping costs one view.
+	base := runs[len(runs)-1].counts.SnapshotSide()
+	for _, r := range runs {
+		side := r.counts.SnapshotSide()
+		if side.Total() != base.Total() {
+			t.Errorf("pod %s (%d layers) made %d mount-family syscalls outside runc, the 1-layer pod %d\n%s\n%s",
+				r.name, r.layers, side.Total(), base.Total(), side, base)
+		}
+		if got := side.Syscalls(harness.IDMapSyscalls...); got != 3 {
+			t.Errorf("pod %s: %d idmap-family syscalls, want 3 (one view for its mapping)", r.name, got)
+		}
+	}
+
+	views := n.views(t)
+	if len(views) != 4 {
+		t.Fatalf("views: %d, want one per pod (4): %+v", len(views), views)
+	}
+	seen := map[string]string{}
+	for _, name := range append(names, "userns-one") {
+		pod := getPod(t, cl, name)
+		if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) != 2 {
+			t.Fatalf("pod %s: %s with %d containers", name, pod.Status.Phase, len(pod.Status.ContainerStatuses))
+		}
+		var podView string
+		for _, c := range []string{"c1", "c2"} {
+			id := containerID(t, pod, c)
+			m := harness.SingleMountAt(t, env.CRITaskRootfs(id))
+			lowers := m.Lowerdirs()
+			if m.FSType != "overlay" || len(lowers) == 0 {
+				t.Fatalf("pod %s/%s rootfs: %s with %d lowerdirs", name, c, m.FSType, len(lowers))
+			}
+			view := filepath.Dir(lowers[0])
+			if filepath.Dir(view) != filepath.Join(n.Root, "v") {
+				t.Fatalf("pod %s/%s lowerdir %s is not in a view under %s/v", name, c, lowers[0], n.Root)
+			}
+			for _, l := range lowers {
+				if filepath.Dir(l) != view {
+					t.Fatalf("pod %s/%s reads layers through two views: %s and %s", name, c, view, filepath.Dir(l))
+				}
+			}
+			if podView == "" {
+				podView = view
+			} else if view != podView {
+				t.Errorf("pod %s: containers use views %s and %s, want one", name, podView, view)
+			}
+			// Inside, the image's files belong to root.
+			out := kubectl(t, cl, "exec", name, "-c", c, "--", "stat", "-c", "%u:%g", "/bin/busybox")
+			if strings.TrimSpace(out) != "0:0" {
+				t.Errorf("pod %s/%s: /bin/busybox owned by %s inside, want 0:0", name, c, strings.TrimSpace(out))
+			}
+		}
+		if other, dup := seen[podView]; dup {
+			t.Errorf("pods %s and %s share view %s", other, name, podView)
+		}
+		seen[podView] = name
+		// Outside, through the view, the same file belongs to the pod's
+		// host range.
+		uidMap := kubectl(t, cl, "exec", name, "-c", "c1", "--", "cat", "/proc/self/uid_map")
+		f := strings.Fields(uidMap)
+		if len(f) < 3 || f[0] != "0" || f[1] == "0" {
+			t.Fatalf("pod %s uid_map %q: not a user namespace", name, uidMap)
+		}
+		hostID, _ := strconv.Atoi(f[1])
+		var st syscall.Stat_t
+		m := harness.SingleMountAt(t, env.CRITaskRootfs(containerID(t, pod, "c1")))
+		if err := syscall.Stat(filepath.Join(m.Lowerdirs()[len(m.Lowerdirs())-1], "bin", "busybox"), &st); err != nil {
+			t.Fatal(err)
+		}
+		if int(st.Uid) != hostID {
+			t.Errorf("pod %s: busybox through its view is owned by %d on the host, want %d", name, st.Uid, hostID)
+		}
+	}
+
+	// Deleting the pods removes their views.
+	kubectl(t, cl, "delete", "pod", "userns-0", "userns-1", "userns-2", "userns-one", "--wait", "--timeout=120s")
+	t0 := time.Now()
+	harness.Eventually(t, 180*time.Second, func() error {
+		// containerd collects the snapshots kubelet's container GC frees.
+		if err := env.CollectGarbage(ctx); err != nil {
+			return err
+		}
+		if v := n.views(t); len(v) != 0 {
+			return fmt.Errorf("%d views remain after the pods were deleted: %+v", len(v), v)
+		}
+		return nil
+	})
+	t.Logf("views gone %s after the pods were deleted", since(t0))
+	if left, _ := os.ReadDir(filepath.Join(n.Root, "v")); len(left) != 0 {
+		t.Errorf("view directories left: %d", len(left))
+	}
+}
+
+func imageFsStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node) {
+	var info struct {
+		Status struct {
+			ImageFilesystems []struct {
+				FsID      struct{ Mountpoint string } `json:"fsId"`
+				UsedBytes struct {
+					Value string `json:"value"`
+				} `json:"usedBytes"`
+			} `json:"imageFilesystems"`
+		} `json:"status"`
+	}
+	out, err := env.CRI.Crictl(t.Context(), "imagefsinfo", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatalf("decode imagefsinfo: %v\n%s", err, out)
+	}
+	if len(info.Status.ImageFilesystems) == 0 || info.Status.ImageFilesystems[0].FsID.Mountpoint != n.Root {
+		t.Fatalf("CRI image filesystem: %s, want grouped-snapshotter's root %s", out, n.Root)
+	}
+	var statfs syscall.Statfs_t
+	if err := syscall.Statfs(n.Root, &statfs); err != nil {
+		t.Fatal(err)
+	}
+	capacity := statfs.Blocks * uint64(statfs.Bsize)
+	harness.Eventually(t, 60*time.Second, func() error {
+		raw, err := cl.Kubectl(t.Context(), "get", "--raw", "/api/v1/nodes/"+cl.NodeName+"/proxy/stats/summary")
+		if err != nil {
+			return err
+		}
+		var summary struct {
+			Node struct {
+				Runtime struct {
+					ImageFs *struct {
+						CapacityBytes uint64 `json:"capacityBytes"`
+						UsedBytes     uint64 `json:"usedBytes"`
+					} `json:"imageFs"`
+				} `json:"runtime"`
+			} `json:"node"`
+		}
+		if err := json.Unmarshal([]byte(raw), &summary); err != nil {
+			return fmt.Errorf("decode stats summary: %w", err)
+		}
+		fs := summary.Node.Runtime.ImageFs
+		if fs == nil || fs.UsedBytes == 0 {
+			return fmt.Errorf("stats summary has no image filesystem usage yet: %.300s", raw)
+		}
+		if fs.CapacityBytes != capacity {
+			return fmt.Errorf("imageFs capacity %d, want %d (the filesystem of %s)", fs.CapacityBytes, capacity, n.Root)
+		}
+		t.Logf("kubelet imageFs: capacity %d bytes (the filesystem of %s), used %d bytes (grouped-snapshotter's snapshots)",
+			fs.CapacityBytes, n.Root, fs.UsedBytes)
+		return nil
+	})
+}
+
+func rollout(t *testing.T, cl *kube.Cluster, n node, rs *restarter, v2, many string) {
+	ctx := t.Context()
+	oldPID := n.DaemonPID()
+	appBefore := map[string]string{}
+	for _, p := range podsWithLabel(t, cl, "app=app") {
+		appBefore[p.Name] = containerID(t, p, "app")
+	}
+	kubectlApply(t, cl, usernsPodManifest("keeper", many))
+	kubectl(t, cl, "wait", "--for=condition=Ready", "pod/keeper", "--timeout=180s")
+	keeperIDs := []string{containerID(t, getPod(t, cl, "keeper"), "c1"), containerID(t, getPod(t, cl, "keeper"), "c2")}
+	restartsBefore := len(rs.Restarts())
+
+	t0 := time.Now()
+	kubectl(t, cl, "-n", dsNS, "set", "image", "ds/grouped-snapshotter", "installer="+v2)
+	kubectl(t, cl, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=240s")
+	t.Logf("rollout to %s done in %s", v2, since(t0))
+	harness.Eventually(t, 60*time.Second, func() error {
+		out, err := n.admin(ctx, "version")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(out, "daemon: e2e-2 ") {
+			return fmt.Errorf("daemon not on the new build yet: %s", out)
+		}
+		return nil
+	})
+	if pid := n.DaemonPID(); pid == 0 || pid == oldPID {
+		t.Errorf("daemon pid %d after the rollout (before %d): want a new process", pid, oldPID)
+	}
+	if got := len(rs.Restarts()); got != restartsBefore {
+		t.Errorf("the rollout restarted containerd %d times; the drop-in did not change", got-restartsBefore)
+	}
+	// Running pods kept running, the same containers.
+	for name, id := range appBefore {
+		p := getPod(t, cl, name)
+		if containerID(t, p, "app") != id || p.Status.ContainerStatuses[0].RestartCount != 0 || p.Status.ContainerStatuses[0].State.Running == nil {
+			t.Errorf("pod %s did not keep running through the rollout: %+v", name, p.Status.ContainerStatuses)
+		}
+		kubectl(t, cl, "exec", name, "--", "true")
+	}
+	keeper := getPod(t, cl, "keeper")
+	for i, c := range []string{"c1", "c2"} {
+		if containerID(t, keeper, c) != keeperIDs[i] {
+			t.Errorf("userns pod keeper's %s was replaced during the rollout", c)
+		}
+		kubectl(t, cl, "exec", "keeper", "-c", c, "--", "true")
+	}
+	// New pods start, plain and user-namespaced.
+	kubectl(t, cl, "scale", "deploy/app", "--replicas=3")
+	kubectl(t, cl, "rollout", "status", "deploy/app", "--timeout=180s")
+	kubectlApply(t, cl, usernsPodManifest("after-rollout", many))
+	kubectl(t, cl, "wait", "--for=condition=Ready", "pod/after-rollout", "--timeout=180s")
+	if v := n.views(t); len(v) != 2 {
+		t.Errorf("views after the rollout: %d, want 2 (keeper, after-rollout): %+v", len(v), v)
+	}
+}
+
+// uninstall follows the README: remove the workloads that use
+// grouped-snapshotter, run the uninstall in every DaemonSet pod, delete the
+// objects.
+func uninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before string) {
+	ctx := t.Context()
+	kubectl(t, cl, "delete", "deploy/app", "--wait", "--timeout=120s")
+	kubectl(t, cl, "delete", "pod", "keeper", "after-rollout", "--wait", "--timeout=120s")
+	restartsBefore := len(rs.Restarts())
+	for _, p := range podsIn(t, cl, dsNS) {
+		out := kubectl(t, cl, "-n", dsNS, "exec", p.Name, "--", "/deploy/install.sh", "uninstall", "--purge")
+		t.Logf("uninstall in %s:\n%s", p.Name, out)
+	}
+	if got := len(rs.Restarts()) - restartsBefore; got != 1 {
+		t.Errorf("uninstall restarted containerd %d times, want 1", got)
+	}
+	if pid := n.DaemonPID(); pid != 0 {
+		t.Errorf("daemon still running (pid %d) after uninstall", pid)
+	}
+	manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.KubectlStdin(ctx, manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 120*time.Second, func() error {
+		if after := nodeState(t, env, n); after != before {
+			return fmt.Errorf("node not as before the install:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		return nil
+	})
+	// CRI is back on containerd's own snapshotter.
+	kubectlApply(t, cl, deploymentManifest("back", many, 1))
+	kubectl(t, cl, "rollout", "status", "deploy/back", "--timeout=180s")
+	p := podsWithLabel(t, cl, "app=back")[0]
+	m := harness.SingleMountAt(t, env.CRITaskRootfs(containerID(t, p, "app")))
+	if strings.Contains(m.MountOptions+m.Source+strings.Join(m.Lowerdirs(), ":"), n.Root) {
+		t.Errorf("after uninstall a new pod still runs on grouped-snapshotter: %+v", m)
+	}
+	kubectl(t, cl, "delete", "deploy/back", "--wait", "--timeout=120s")
+}
+
+// nodeState is what the install touches on the node: the node directory
+// (binary, config, root, socket, log), containerd's config and drop-ins,
+// the daemon's cgroups and whether it runs.
+func nodeState(t *testing.T, env *harness.Env, n node) string {
+	t.Helper()
+	var b strings.Builder
+	for _, dir := range []string{n.Dir, env.Containerd.ConfDir} {
+		s, err := treeState(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(s + "\n")
+	}
+	cfg, err := os.ReadFile(env.Containerd.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "containerd config %d bytes %x\n", len(cfg), cfg)
+	fmt.Fprintf(&b, "cgroups %v\ndaemon pid %d\n", cgroupDirs(), n.DaemonPID())
+	// Requests the restarter has answered are gone; they are not node state.
+	return strings.ReplaceAll(b.String(), "\n\n", "\n")
+}
+
+// cleanupNode runs after the test, pass or fail: it stops a daemon the
+// DaemonSet left running (by its pidfile's pid), unmounts what is under the
+// node directory and removes the daemon's cgroups.
+func cleanupNode(t *testing.T, n node) {
+	if pid := n.DaemonPID(); pid != 0 {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		for i := 0; i < 300 && n.DaemonPID() == pid; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n.DaemonPID() == pid {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("grouped-snapshotter (pid %d) left by the DaemonSet ignored SIGTERM", pid)
+		}
+	}
+	mounts, _ := harness.MountsUnder(n.Dir)
+	slices.SortFunc(mounts, func(a, b harness.Mount) int { return len(b.MountPoint) - len(a.MountPoint) })
+	for _, m := range mounts {
+		if err := syscall.Unmount(m.MountPoint, 0); err != nil {
+			t.Errorf("unmount %s: %v", m.MountPoint, err)
+		}
+	}
+	for _, d := range cgroupDirs() {
+		if err := os.Remove(d); err != nil {
+			t.Errorf("remove cgroup %s: %v", d, err)
+		}
+	}
+}
+
+// --- manifests ---
+
+// daemonSetManifest is the project's manifest with the image and the node's
+// host paths set, as an operator sets them for a node of this kind (no
+// systemd: the restart command is the restarter's).
+func daemonSetManifest(t *testing.T, image string, n node) []byte {
+	t.Helper()
+	data, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := bytes.Split(data, []byte("\n---\n"))
+	found := false
+	for i, doc := range docs {
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta.Kind != "DaemonSet" {
+			continue
+		}
+		var ds appsv1.DaemonSet
+		if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
+			t.Fatal(err)
+		}
+		c := &ds.Spec.Template.Spec.Containers[0]
+		c.Image = image
+		set := map[string]string{
+			"GS_SERVICE_MANAGER":    "none",
+			"GS_CONTAINERD_RESTART": n.RestartCommand,
+			"GS_CONTAINERD_CONFIG":  n.ContainerdConfig,
+			"GS_ROOT":               n.Root,
+			"GS_SOCKET":             n.Socket,
+		}
+		for i := range c.Env {
+			if v, ok := set[c.Env[i].Name]; ok {
+				c.Env[i].Value = v
+				delete(set, c.Env[i].Name)
+			}
+		}
+		if len(set) != 0 {
+			t.Fatalf("the DaemonSet has no env %v", set)
+		}
+		c.Env = append(c.Env,
+			corev1.EnvVar{Name: "GS_BIN_DIR", Value: n.BinDir},
+			corev1.EnvVar{Name: "GS_CONFIG_FILE", Value: n.ConfigFile},
+			corev1.EnvVar{Name: "GS_LOG_FILE", Value: n.LogFile})
+		out, err := yaml.Marshal(&ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs[i] = out
+		found = true
+	}
+	if !found {
+		t.Fatal("no DaemonSet in the manifest")
+	}
+	return bytes.Join(docs, []byte("\n---\n"))
+}
+
+func deploymentManifest(name, image string, replicas int) []byte {
+	return fmt.Appendf(nil, `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: %[1]s
+spec:
+  replicas: %[3]d
+  selector:
+    matchLabels: {app: %[1]s}
+  template:
+    metadata:
+      labels: {app: %[1]s}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: app
+          image: %[2]s
+          command: ["sleep", "3600"]
+`, name, image, replicas)
+}
+
+func usernsPodManifest(name, image string) []byte {
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+spec:
+  hostUsers: false
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c1
+      image: %[2]s
+      command: ["sleep", "3600"]
+    - name: c2
+      image: %[2]s
+      command: ["sleep", "3600"]
+`, name, image)
+}
+
+// --- helpers ---
+
+func kubectl(t *testing.T, cl *kube.Cluster, args ...string) string {
+	t.Helper()
+	out, err := cl.Kubectl(t.Context(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func kubectlApply(t *testing.T, cl *kube.Cluster, manifest []byte) {
+	t.Helper()
+	if _, err := cl.KubectlStdin(t.Context(), manifest, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getPod(t *testing.T, cl *kube.Cluster, name string) corev1.Pod {
+	t.Helper()
+	var p corev1.Pod
+	if err := json.Unmarshal([]byte(kubectl(t, cl, "get", "pod", name, "-o", "json")), &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func podList(t *testing.T, cl *kube.Cluster, args ...string) []corev1.Pod {
+	t.Helper()
+	var l corev1.PodList
+	if err := json.Unmarshal([]byte(kubectl(t, cl, append([]string{"get", "pods", "-o", "json"}, args...)...)), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+func podsWithLabel(t *testing.T, cl *kube.Cluster, selector string) []corev1.Pod {
+	t.Helper()
+	var running []corev1.Pod
+	for _, p := range podList(t, cl, "-l", selector) {
+		if p.DeletionTimestamp == nil {
+			running = append(running, p)
+		}
+	}
+	return running
+}
+
+func podsIn(t *testing.T, cl *kube.Cluster, ns string) []corev1.Pod {
+	t.Helper()
+	return podList(t, cl, "-n", ns)
+}
+
+// containerID returns the CRI id of a pod's container.
+func containerID(t *testing.T, p corev1.Pod, name string) string {
+	t.Helper()
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == name {
+			id, ok := strings.CutPrefix(s.ContainerID, "containerd://")
+			if !ok {
+				t.Fatalf("pod %s container %s: id %q", p.Name, name, s.ContainerID)
+			}
+			return id
+		}
+	}
+	t.Fatalf("pod %s has no container %s", p.Name, name)
+	return ""
+}
+
+func describe(t *testing.T, cl *kube.Cluster, obj string) string {
+	out, _ := cl.Kubectl(context.Background(), "describe", obj)
+	return out
+}
+
+func podLogs(t *testing.T, cl *kube.Cluster) string {
+	out, _ := cl.Kubectl(context.Background(), "-n", dsNS, "logs", "ds/grouped-snapshotter", "--tail=50")
+	return out
+}
+
+// criSnapshots lists the keys of the snapshots grouped-snapshotter holds
+// for CRI.
+func criSnapshots(t *testing.T, env *harness.Env) map[string]bool {
+	t.Helper()
+	out, err := env.CtrNS(t.Context(), harness.CRINamespace, "snapshots", "--snapshotter", "grouped", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, line := range strings.Split(out, "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 0 {
+			keys[f[0]] = true
+		}
+	}
+	return keys
+}
+
+func buildImage(t *testing.T, env *harness.Env, spec harness.ImageSpec) string {
+	t.Helper()
+	ref, err := env.Registry.Image(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// buildInstallerImage builds the DaemonSet's image with hack/build-image.sh
+// and pushes it to the local registry.
+func buildInstallerImage(t *testing.T, env *harness.Env, version string) string {
+	t.Helper()
+	ref := env.Registry.Host + "/grouped-snapshotter:" + version
+	cmd := exec.CommandContext(t.Context(), repoFile(t, "hack/build-image.sh"), ref)
+	cmd.Env = append(os.Environ(), "INSECURE=1", "VERSION="+version, harness.ToolsEnv+"="+env.Tools.Dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build installer image: %v\n%s", err, out)
+	}
+	return ref
+}
+
+func repoFile(t *testing.T, rel string) string {
+	t.Helper()
+	root, err := harness.FindRepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, rel)
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

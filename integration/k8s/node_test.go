@@ -1,0 +1,255 @@
+package k8s
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
+)
+
+// node is where the DaemonSet installs grouped-snapshotter on this host:
+// every host path install.sh takes, under the Env's directory, so that the
+// test never touches the machine's own /usr/local/bin, /etc or /var/lib.
+type node struct {
+	Dir              string
+	Root             string // GS_ROOT
+	Socket           string // GS_SOCKET
+	BinDir           string // GS_BIN_DIR
+	ConfigFile       string // GS_CONFIG_FILE
+	LogFile          string // GS_LOG_FILE
+	ContainerdConfig string // GS_CONTAINERD_CONFIG: the Env's containerd config
+	RestartCommand   string // GS_CONTAINERD_RESTART
+}
+
+func newNode(env *harness.Env) node {
+	dir := filepath.Join(env.Dir, "node")
+	return node{
+		Dir:              dir,
+		Root:             filepath.Join(dir, "root"),
+		Socket:           filepath.Join(dir, "run", "gs.sock"),
+		BinDir:           filepath.Join(dir, "bin"),
+		ConfigFile:       filepath.Join(dir, "etc", "config.toml"),
+		LogFile:          filepath.Join(dir, "log", "grouped-snapshotter.log"),
+		ContainerdConfig: env.Containerd.ConfigPath,
+		RestartCommand:   filepath.Join(dir, "restart-containerd"),
+	}
+}
+
+// Bin is the daemon binary the installer put on the node.
+func (n node) Bin() string { return filepath.Join(n.BinDir, "grouped-snapshotter") }
+
+// PIDFile is where install.sh records the detached daemon's pid.
+func (n node) PIDFile() string { return filepath.Join(filepath.Dir(n.Socket), "grouped-snapshotter.pid") }
+
+// DaemonPID returns the pid of the running daemon the installer started,
+// or 0.
+func (n node) DaemonPID() int {
+	data, err := os.ReadFile(n.PIDFile())
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), "grouped-snapshotter") {
+		return 0
+	}
+	return pid
+}
+
+// answers reports whether the daemon's gRPC health service says SERVING.
+func (n node) answers(ctx context.Context) bool {
+	if _, err := os.Stat(n.Socket); err != nil {
+		return false
+	}
+	conn, err := grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// admin runs the installed binary's admin CLI against the daemon.
+func (n node) admin(ctx context.Context, args ...string) (string, error) {
+	args = append(args, "--address", n.Socket)
+	out, err := exec.CommandContext(ctx, n.Bin(), args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("grouped-snapshotter %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func (n node) views(t *testing.T) []snapshot.ViewInfo {
+	t.Helper()
+	out, err := n.admin(t.Context(), "views", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v []snapshot.ViewInfo
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("decode views: %v\n%s", err, out)
+	}
+	return v
+}
+
+// restarter plays the host's service manager for containerd, which this
+// machine does not have (PID 1 is not systemd): install.sh's restart
+// command, run on the host, files a request and waits; the test process,
+// containerd's parent, restarts it and records whether grouped-snapshotter
+// answered at that moment.
+type restarter struct {
+	dir  string
+	node node
+	env  *harness.Env
+	stop chan struct{}
+	done chan struct{}
+
+	mu       sync.Mutex
+	restarts []restartRecord
+}
+
+type restartRecord struct {
+	At                time.Time
+	SnapshotterServed bool
+	Err               error
+}
+
+func startRestarter(t *testing.T, env *harness.Env, n node) *restarter {
+	t.Helper()
+	r := &restarter{dir: filepath.Join(n.Dir, "restart-requests"), node: n, env: env, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`#!/bin/sh
+# Restarts the test's containerd: asks the test process, its parent, and
+# waits for the answer.
+set -eu
+req=%q/$$
+: >"$req.req"
+i=0
+while [ ! -e "$req.done" ]; do
+	i=$((i + 1))
+	[ $i -lt 1200 ] || { echo "restart-containerd: no answer in 120 s" >&2; exit 1; }
+	sleep 0.1
+done
+status=$(cat "$req.done")
+rm -f "$req.done"
+[ "$status" = ok ] || { echo "restart-containerd: $status" >&2; exit 1; }
+`, r.dir)
+	if err := os.WriteFile(n.RestartCommand, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	go r.loop()
+	return r
+}
+
+func (r *restarter) loop() {
+	defer close(r.done)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		reqs, _ := filepath.Glob(filepath.Join(r.dir, "*.req"))
+		for _, req := range reqs {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			rec := restartRecord{At: time.Now(), SnapshotterServed: r.node.answers(ctx)}
+			rec.Err = r.env.RestartContainerd(ctx)
+			cancel()
+			status := "ok"
+			if rec.Err != nil {
+				status = rec.Err.Error()
+			}
+			r.mu.Lock()
+			r.restarts = append(r.restarts, rec)
+			r.mu.Unlock()
+			os.Remove(req)
+			_ = os.WriteFile(strings.TrimSuffix(req, ".req")+".done", []byte(status), 0o644)
+		}
+	}
+}
+
+// Restarts returns the restarts so far.
+func (r *restarter) Restarts() []restartRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]restartRecord(nil), r.restarts...)
+}
+
+func (r *restarter) Close() {
+	close(r.stop)
+	<-r.done
+}
+
+// treeState records every path under root with its mode and, for files,
+// a content hash; mounts are listed too.
+func treeState(root string) (string, error) {
+	var lines []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s %v", p, info.Mode())
+		if info.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf(" %x", sha256.Sum256(data))
+		}
+		lines = append(lines, line)
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	mounts, err := harness.MountsUnder(root)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range mounts {
+		lines = append(lines, "mount "+m.MountPoint)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n"), nil
+}
+
+// cgroupDirs lists the cgroup directories named grouped-snapshotter (the
+// detached daemon's) in every hierarchy.
+func cgroupDirs() []string {
+	a, _ := filepath.Glob("/sys/fs/cgroup/*/grouped-snapshotter")
+	b, _ := filepath.Glob("/sys/fs/cgroup/grouped-snapshotter")
+	return append(a, b...)
+}
