@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall
+.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall
 
 all: build
 
@@ -20,6 +20,11 @@ build:
 # Pinned containerd, runc and crane, built from the Go module proxy.
 tools:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
+
+# Kubernetes v1.37.2 and etcd for the cluster tests (integration/k8s);
+# about 6 minutes cold, cached per version.
+tools-k8s:
+	TOOLS_DIR=$(TOOLS_DIR) hack/install-k8s.sh
 
 demo: tools
 	$(GO) run ./integration/cmd/demo
@@ -48,13 +53,13 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 100x ./$${t%%:*}; \
 	done
 
-test: tools vet fuzz
+test: tools tools-k8s vet fuzz
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./...
 
 test-unit: vet
 	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/...
 
-test-integration: tools
+test-integration: tools tools-k8s
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/...
 
 # Install on this node as a systemd service and register it with containerd
