@@ -302,3 +302,84 @@ func TestCheckFollowsImports(t *testing.T) {
 		t.Errorf("imported proxy plugin not found: %+v", results[0])
 	}
 }
+
+// TestInstallScriptCustomPaths installs with every host path moved (as on
+// a node whose containerd config lives elsewhere, e.g. k3s): the drop-in,
+// the imports check and the unit's command line follow; uninstall restores.
+func TestInstallScriptCustomPaths(t *testing.T) {
+	bin := buildDaemon(t)
+	host := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(host, "opt/ctrd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The config already imports the drop-in directory: install leaves it alone.
+	original := "version = 3\nimports = [\"/opt/ctrd/conf.d/*.toml\"]\n"
+	if err := os.WriteFile(filepath.Join(host, "opt/ctrd/config.toml"), []byte(original), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotTree(t, host)
+	flags := []string{"--host-root", host, "--no-start", "--containerd-config", "/opt/ctrd/config.toml",
+		"--root", "/data/gs", "--socket", "/run/gs/gs.sock", "--bin-dir", "/opt/bin", "--config-file", "/opt/etc/gs.toml"}
+	runInstall(t, append([]string{"install", "--binary", bin}, flags...)...)
+	dropin, err := os.ReadFile(filepath.Join(host, "opt/ctrd/conf.d/grouped-snapshotter.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`address = "/run/gs/gs.sock"`, `root = "/data/gs"`} {
+		if !strings.Contains(string(dropin), want) {
+			t.Errorf("drop-in lacks %s:\n%s", want, dropin)
+		}
+	}
+	if cfg, _ := os.ReadFile(filepath.Join(host, "opt/ctrd/config.toml")); string(cfg) != original {
+		t.Errorf("install changed a config that already imports conf.d:\n%s", cfg)
+	}
+	unit, err := os.ReadFile(filepath.Join(host, "etc/systemd/system/grouped-snapshotter.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "ExecStart=/opt/bin/grouped-snapshotter serve --config /opt/etc/gs.toml --root /data/gs --address /run/gs/gs.sock\n"; !strings.Contains(string(unit), want) {
+		t.Errorf("unit lacks %q:\n%s", want, unit)
+	}
+	for _, f := range []string{"opt/bin/grouped-snapshotter", "opt/etc/gs.toml"} {
+		if _, err := os.Stat(filepath.Join(host, f)); err != nil {
+			t.Errorf("%s not installed: %v", f, err)
+		}
+	}
+	runInstall(t, append([]string{"uninstall"}, flags...)...)
+	after := snapshotTree(t, host)
+	for _, line := range strings.Split(after, "\n") {
+		if strings.Contains(line, "grouped") || strings.Contains(line, "conf.d") || strings.Contains(line, "gs.toml") {
+			t.Errorf("left after uninstall: %s", line)
+		}
+	}
+	if !strings.Contains(after, "opt/ctrd/config.toml") || !strings.HasPrefix(after, before[:strings.Index(before, "\n")]) {
+		t.Errorf("uninstall damaged the tree:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestInstallScriptRefusesBadOptions: each bad option is named in the error
+// and nothing is written.
+func TestInstallScriptRefusesBadOptions(t *testing.T) {
+	host := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--service-manager", "upstart", "--no-start"}, "upstart"},
+		{[]string{"--root", "relative/dir", "--no-start"}, "relative/dir"},
+		{[]string{"--root", "/", "--no-start"}, "refusing --root /"},
+		{[]string{"--socket", "", "--no-start"}, "--socket needs a value"},
+		{[]string{"--containerd-config"}, "--containerd-config needs a value"},
+		// No systemd and no way to restart containerd: refuse up front.
+		{[]string{"--service-manager", "none"}, "--containerd-restart"},
+	} {
+		args := append([]string{"install", "--host-root", host, "--binary", "/bin/true"}, c.args...)
+		out, err := exec.Command("./install.sh", args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("install.sh %v: err %v, output %q (want it to name %q)", c.args, err, out, c.want)
+		}
+		if left, _ := os.ReadDir(host); len(left) != 0 {
+			t.Fatalf("install.sh %v wrote %d entries before refusing", c.args, len(left))
+		}
+	}
+}
