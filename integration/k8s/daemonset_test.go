@@ -131,7 +131,7 @@ func TestDaemonSet(t *testing.T) {
 	})
 
 	t.Run("uninstall", func(t *testing.T) {
-		uninstall(t, env, cl, n, rs, before)
+		uninstall(t, env, cl, n, rs, before, many)
 	})
 }
 
@@ -381,7 +381,7 @@ func rollout(t *testing.T, cl *kube.Cluster, n node, rs *restarter, v2, many str
 // uninstall follows the README: remove the workloads that use
 // grouped-snapshotter, run the uninstall in every DaemonSet pod, delete the
 // objects.
-func uninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before string) {
+func uninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before, many string) {
 	ctx := t.Context()
 	kubectl(t, cl, "delete", "deploy/app", "--wait", "--timeout=120s")
 	kubectl(t, cl, "delete", "pod", "keeper", "after-rollout", "--wait", "--timeout=120s")
