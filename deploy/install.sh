@@ -10,7 +10,9 @@
 #
 # --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
 #                       it at /host; tests use a temporary directory); host
-#                       commands then run through nsenter into PID 1
+#                       commands then run through nsenter into the
+#                       namespaces of --host-pid
+# --host-pid PID        a process in the host's namespaces (default 1)
 # --binary PATH         the grouped-snapshotter binary to install (default:
 #                       next to this script, or bin/grouped-snapshotter)
 # --cri                 also make CRI (kubelet) pull and run with it
@@ -34,7 +36,7 @@
 #                       logs
 #
 # Every option except --binary, --cri, --no-start and --purge can also be
-# given in the environment (GS_HOST_ROOT, GS_SERVICE_MANAGER,
+# given in the environment (GS_HOST_ROOT, GS_HOST_PID, GS_SERVICE_MANAGER,
 # GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG, GS_ROOT, GS_SOCKET,
 # GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE), which is how the DaemonSet keeps
 # install, supervise and an uninstall run through `kubectl exec` in step.
@@ -49,6 +51,7 @@ set -eu
 ACTION=${1:-}
 [ $# -gt 0 ] && shift
 HOST=${GS_HOST_ROOT:-/}
+HOST_PID=${GS_HOST_PID:-1}
 SERVICE_MANAGER=${GS_SERVICE_MANAGER:-auto}
 CONTAINERD_RESTART=${GS_CONTAINERD_RESTART:-}
 CONTAINERD_CONFIG=${GS_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
@@ -66,6 +69,7 @@ need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--host-root) need "$@"; HOST=$2; shift 2 ;;
+	--host-pid) need "$@"; HOST_PID=$2; shift 2 ;;
 	--binary) need "$@"; BINARY=$2; shift 2 ;;
 	--cri) CRI=1; shift ;;
 	--no-start) START=0; shift ;;
@@ -85,6 +89,7 @@ case "$ACTION" in install|uninstall|supervise) ;; *) usage ;; esac
 for p in "$CONTAINERD_CONFIG" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
 	case "$p" in /*) ;; *) echo "install.sh: $p is not an absolute host path" >&2; exit 2 ;; esac
 done
+case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
 case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -102,7 +107,7 @@ MARK="# added by grouped-snapshotter install.sh; removed by its uninstall"
 # Commands run on the host: directly, or through nsenter into the host's
 # namespaces when the host is mounted elsewhere (the DaemonSet).
 host() {
-	if [ "$H" = "" ]; then "$@"; else nsenter --target 1 --mount --uts --ipc --net --pid -- "$@"; fi
+	if [ "$H" = "" ]; then "$@"; else nsenter --target "$HOST_PID" --mount --uts --ipc --net --pid -- "$@"; fi
 }
 
 if [ "$SERVICE_MANAGER" = auto ]; then

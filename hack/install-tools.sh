@@ -38,7 +38,7 @@ build() {
 	fi
 	echo "install-tools: building $name $version"
 	mkdir -p "$BIN/${GOBIN_SUB:-}"
-	GOBIN="$BIN/${GOBIN_SUB:-}" GOFLAGS=-buildvcs=false CGO_ENABLED=1 go install ${tags:+-tags "$tags"} "$@"
+	GOBIN="$BIN/${GOBIN_SUB:-}" GOFLAGS=-buildvcs=false CGO_ENABLED=${CGO:-1} go install ${tags:+-tags "$tags"} "$@"
 	echo "$version" >"$TOOLS_DIR/stamps/$name"
 }
 
@@ -48,7 +48,8 @@ build containerd "$CONTAINERD_VERSION" no_btrfs \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 build runc "$RUNC_VERSION" seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
 build crane "$CRANE_VERSION" "" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
-build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
+# Static: it runs in the DaemonSet's busybox image, which has no libc.
+CGO=0 build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62} static" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
 build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 GOBIN_SUB=cni build cni "$CNI_VERSION" "" \
 	"github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION" \

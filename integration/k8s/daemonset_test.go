@@ -38,6 +38,7 @@ func TestDaemonSet(t *testing.T) {
 	env, cl := testCluster(t)
 	ctx := t.Context()
 	n := newNode(env)
+	diagNode = n
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func TestDaemonSet(t *testing.T) {
 		t.Logf("DaemonSet installed and ready in %s", since(t0))
 		pid := n.DaemonPID()
 		if pid == 0 {
-			t.Fatalf("no grouped-snapshotter running from %s\n%s", n.PIDFile(), podLogs(t, cl))
+			t.Fatalf("no grouped-snapshotter running from %s\n%s", n.PIDFile(), diagnostics(cl))
 		}
 		if !n.answers(ctx) {
 			t.Fatalf("grouped-snapshotter (pid %d) does not answer on %s", pid, n.Socket)
@@ -499,6 +500,10 @@ func daemonSetManifest(t *testing.T, image string, n node) []byte {
 		c := &ds.Spec.Template.Spec.Containers[0]
 		c.Image = image
 		set := map[string]string{
+			// This machine's PID 1 has a capability containerd and its
+			// pods lack, so its namespaces cannot be entered; the test
+			// process is in the same host namespaces.
+			"GS_HOST_PID":           strconv.Itoa(os.Getpid()),
 			"GS_SERVICE_MANAGER":    "none",
 			"GS_CONTAINERD_RESTART": n.RestartCommand,
 			"GS_CONTAINERD_CONFIG":  n.ContainerdConfig,
@@ -574,19 +579,50 @@ spec:
 
 // --- helpers ---
 
+// kubectl runs kubectl and fails t with the DaemonSet's state if it fails.
+// Waits inside kubectl (rollout status, wait) carry their own --timeout.
 func kubectl(t *testing.T, cl *kube.Cluster, args ...string) string {
 	t.Helper()
-	out, err := cl.Kubectl(t.Context(), args...)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	out, err := cl.Kubectl(ctx, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, diagnostics(cl))
 	}
 	return out
+}
+
+// diagnostics is what a failure report needs: the DaemonSet's and the
+// default namespace's pods, the installer's output, the daemon's log.
+var diagNode node
+
+func diagnostics(cl *kube.Cluster) string {
+	var b strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, args := range [][]string{
+		{"get", "pods", "-A", "-o", "wide"},
+		{"-n", dsNS, "describe", "pods"},
+		{"-n", dsNS, "logs", "ds/grouped-snapshotter", "--tail=60"},
+	} {
+		out, err := cl.Kubectl(ctx, args...)
+		fmt.Fprintf(&b, "==> kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
+	}
+	if diagNode.LogFile != "" {
+		data, _ := os.ReadFile(diagNode.LogFile)
+		lines := strings.Split(string(data), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		fmt.Fprintf(&b, "==> %s\n%s\n", diagNode.LogFile, strings.Join(lines, "\n"))
+	}
+	return b.String()
 }
 
 func kubectlApply(t *testing.T, cl *kube.Cluster, manifest []byte) {
 	t.Helper()
 	if _, err := cl.KubectlStdin(t.Context(), manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, diagnostics(cl))
 	}
 }
 
@@ -642,11 +678,6 @@ func containerID(t *testing.T, p corev1.Pod, name string) string {
 
 func describe(t *testing.T, cl *kube.Cluster, obj string) string {
 	out, _ := cl.Kubectl(context.Background(), "describe", obj)
-	return out
-}
-
-func podLogs(t *testing.T, cl *kube.Cluster) string {
-	out, _ := cl.Kubectl(context.Background(), "-n", dsNS, "logs", "ds/grouped-snapshotter", "--tail=50")
 	return out
 }
 
