@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -32,7 +33,8 @@ spec:
 }
 
 // TestClusterSmoke checks the cluster itself: the node is Ready at the
-// pinned version, a pod of a harness image runs and logs, a hostUsers:
+// pinned version, a pod of a harness image runs (its cgroup below the
+// kubelet's cgroupRoot) and logs, a hostUsers:
 // false pod runs in a user namespace mapped to non-zero host IDs, and
 // deleting the pods works.
 func TestClusterSmoke(t *testing.T) {
@@ -69,6 +71,34 @@ func TestClusterSmoke(t *testing.T) {
 	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/smoke", "pod/smoke-userns", "--timeout=180s"); err != nil {
 		out, _ := c.Kubectl(ctx, "describe", "pod", "smoke", "smoke-userns")
 		t.Fatalf("%v\n%s", err, out)
+	}
+
+	// The kubelet puts every pod's cgroup below its cgroupRoot, which the
+	// cluster removes on teardown.
+	ids, err := env.CRI.Crictl(ctx, "pods", "-q", "--name", "smoke")
+	if err != nil || len(strings.Fields(ids)) == 0 {
+		t.Fatalf("CRI pod sandboxes of pods smoke*: %q (%v)", ids, err)
+	}
+	for _, id := range strings.Fields(ids) {
+		out, err := env.CRI.Crictl(ctx, "inspectp", "-o", "json", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info struct {
+			Info struct {
+				Config struct {
+					Linux struct {
+						CgroupParent string `json:"cgroup_parent"`
+					}
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(out), &info); err != nil {
+			t.Fatalf("decode crictl inspectp %s: %v", id, err)
+		}
+		if parent := info.Info.Config.Linux.CgroupParent; !strings.HasPrefix(parent, c.CgroupRoot+"/") {
+			t.Errorf("pod sandbox %s has cgroup parent %q, want one below the kubelet's cgroupRoot %s", id, parent, c.CgroupRoot)
+		}
 	}
 
 	harness.Eventually(t, 30*time.Second, func() error {
