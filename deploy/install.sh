@@ -235,6 +235,18 @@ restart_containerd() {
 	host sh -c "$CONTAINERD_RESTART"
 }
 
+# restart_containerd_detached restarts containerd from a host process in
+# the host's root cgroups, which outlives this pod's processes.
+restart_containerd_detached() {
+	echo "restarting containerd ($CONTAINERD_RESTART), detached"
+	host setsid sh -c '
+		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+			[ -f "${d}cgroup.procs" ] && echo $$ >"${d}cgroup.procs" 2>/dev/null || true
+		done
+		exec sh -c "$0"
+	' "$CONTAINERD_RESTART" </dev/null >/dev/null 2>&1 &
+}
+
 # --- without systemd: a detached host process in a cgroup of its own ---
 
 # running_pid prints the daemon's pid when the pidfile names a live
@@ -369,10 +381,6 @@ do_uninstall() {
 			mv -f "$tmp" "$cfg" && echo "removed the imports line install added to $cfg"
 		fi
 	fi
-	# containerd lets go of the snapshotter before the snapshotter stops.
-	if [ "$START" = 1 ] && [ "$removed_dropin" = 1 ]; then
-		restart_containerd
-	fi
 	if [ "$START" = 1 ]; then
 		if [ "$SERVICE_MANAGER" = systemd ]; then
 			host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
@@ -386,23 +394,33 @@ do_uninstall() {
 		# filesystem may be made of the snapshotter's layers, so the
 		# purge waits on the host until the pod is gone.
 		deferred_purge "$supervisor_pid"
-		echo "grouped-snapshotter uninstalled; its data is purged once this pod is deleted"
-		return 0
+		echo "the data in $ROOT is purged once this pod is deleted"
+	else
+		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
+			# Refuses while a daemon serves the socket; unmounts the views.
+			host "$BIN" purge --root "$ROOT" --address "$SOCKET"
+		fi
+		remove_files
 	fi
-	if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
-		# Refuses while a daemon serves the socket; unmounts the views.
-		host "$BIN" purge --root "$ROOT" --address "$SOCKET"
-	fi
-	remove_files
 	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
 		host systemctl daemon-reload
 	fi
 	if [ "$PURGE" = 1 ]; then
-		echo "grouped-snapshotter uninstalled, data purged"
+		echo "grouped-snapshotter uninstalled"
 	else
 		# Images pulled with grouped-snapshotter are gone from
 		# containerd's view once the drop-in is.
 		echo "grouped-snapshotter uninstalled (data in $H$ROOT kept; uninstall --purge removes it)"
+	fi
+	# Last: containerd forgets the snapshotter. Run through kubectl exec,
+	# this session ends with containerd (CRI serves exec), so the restart
+	# runs detached on the host.
+	if [ "$START" = 1 ] && [ "$removed_dropin" = 1 ]; then
+		if [ -n "$H" ]; then
+			restart_containerd_detached
+		else
+			restart_containerd
+		fi
 	fi
 }
 
