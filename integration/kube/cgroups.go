@@ -45,27 +45,29 @@ func cgroupMounts() ([]string, error) {
 // createCgroupRoot makes the kubelet's cgroupRoot in every hierarchy: the
 // kubelet (cgroupfs driver) requires it to exist and puts kubepods, the QoS
 // classes and every pod below it. A v1 cpuset cgroup starts without CPUs
-// and memory nodes; it gets its parent's.
-func createCgroupRoot(mounts []string, root string) error {
+// and memory nodes; it gets its parent's. It returns the hierarchies it
+// created root in, also on failure, for removeCgroupRoot.
+func createCgroupRoot(mounts []string, root string) (created []string, err error) {
 	for _, m := range mounts {
 		dir := filepath.Join(m, root)
-		if exists(dir) {
-			return fmt.Errorf("cgroup %s already exists: another cluster uses it, or a run crashed (rmdir it)", dir)
-		}
 		if err := os.Mkdir(dir, 0o755); err != nil {
-			return fmt.Errorf("create cgroup %s: %w", dir, err)
+			if errors.Is(err, os.ErrExist) {
+				return created, fmt.Errorf("cgroup %s already exists: another cluster uses it, or a run crashed (rmdir it)", dir)
+			}
+			return created, fmt.Errorf("create cgroup %s: %w", dir, err)
 		}
+		created = append(created, m)
 		for _, file := range []string{"cpuset.cpus", "cpuset.mems"} {
 			parent, err := os.ReadFile(filepath.Join(m, file))
 			if err != nil {
 				continue // not the v1 cpuset hierarchy
 			}
 			if err := os.WriteFile(filepath.Join(dir, file), parent, 0o644); err != nil {
-				return fmt.Errorf("set %s of %s: %w", file, dir, err)
+				return created, fmt.Errorf("set %s of %s: %w", file, dir, err)
 			}
 		}
 	}
-	return nil
+	return created, nil
 }
 
 // removeCgroupRoot removes root and every cgroup below it, deepest first,

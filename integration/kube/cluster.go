@@ -165,9 +165,8 @@ func (c *Cluster) prepare() error {
 	if err != nil {
 		return err
 	}
-	// Recorded before creating, so Close removes partial creations too.
-	c.cgroup = mounts
-	return createCgroupRoot(mounts, c.CgroupRoot)
+	c.cgroup, err = createCgroupRoot(mounts, c.CgroupRoot)
+	return err
 }
 
 // makePKI issues every certificate and writes every kubeconfig.

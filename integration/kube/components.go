@@ -101,6 +101,9 @@ func (c *Cluster) controllerManagerArgs() []string {
 		"--kubeconfig", f.controllerManager,
 		"--authentication-kubeconfig", f.controllerManager,
 		"--authorization-kubeconfig", f.controllerManager,
+		// Client certificates from the cluster CA; no front proxy to look up.
+		"--client-ca-file", f.ca,
+		"--authentication-skip-lookup=true",
 		"--bind-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(c.ports.controllerManager),
 		"--cert-dir", filepath.Join(c.Dir, "certs", "controller-manager"),
@@ -126,6 +129,9 @@ func (c *Cluster) schedulerArgs() []string {
 		"--kubeconfig", f.scheduler,
 		"--authentication-kubeconfig", f.scheduler,
 		"--authorization-kubeconfig", f.scheduler,
+		// Client certificates from the cluster CA; no front proxy to look up.
+		"--client-ca-file", f.ca,
+		"--authentication-skip-lookup=true",
 		"--bind-address", "127.0.0.1",
 		"--secure-port", strconv.Itoa(c.ports.scheduler),
 		"--cert-dir", filepath.Join(c.Dir, "certs", "scheduler"),
