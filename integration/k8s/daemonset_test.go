@@ -39,8 +39,12 @@ func TestDaemonSet(t *testing.T) {
 	ctx := t.Context()
 	n := newNode(env)
 	diagNode = n
-	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
-		t.Fatal(err)
+	// A node has its binary and log directories (/usr/local/bin, /var/log)
+	// before any install.
+	for _, d := range []string{n.BinDir, filepath.Dir(n.LogFile)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	rs := startRestarter(t, env, n)
 	t.Cleanup(rs.Close)
