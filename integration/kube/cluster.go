@@ -64,7 +64,7 @@ type Cluster struct {
 // env's containerd (env started with harness.Options{CRI: true}) and waits
 // until the node is Ready and untainted and the default service account
 // exists. On failure it removes what it made.
-func Start(ctx context.Context, env *harness.Env, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, env *harness.Env, opts Options) (_ *Cluster, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("a Kubernetes test cluster must run as root (kubelet, kube-proxy, cgroups, iptables)")
 	}
@@ -102,7 +102,7 @@ func Start(ctx context.Context, env *harness.Env, opts Options) (c *Cluster, err
 		unlock()
 		return nil, fmt.Errorf("chmod cluster dir: %w", err)
 	}
-	c = &Cluster{
+	c := &Cluster{
 		Dir:        dir,
 		Kubeconfig: filepath.Join(dir, "config", "admin.kubeconfig"),
 		NodeName:   NodeName,
@@ -117,7 +117,6 @@ func Start(ctx context.Context, env *harness.Env, opts Options) (c *Cluster, err
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.Close())
-			c = nil
 		}
 	}()
 	t0 := time.Now()

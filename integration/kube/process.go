@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -20,8 +21,10 @@ type process struct {
 }
 
 // startProcess runs bin with args in a process group of its own (a Ctrl-C
-// aimed at the test does not reach it before teardown) that gets SIGTERM if
-// the test process dies, with stdout and stderr appended to logPath.
+// aimed at the test does not reach it before teardown) that is killed if
+// the test process dies (a graceful stop would be pointless then: nobody is
+// left to restore the host, and the apiserver's can outlast etcd's by
+// minutes), with stdout and stderr appended to logPath.
 func startProcess(name, logPath string, bin string, args ...string) (*process, error) {
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -31,7 +34,7 @@ func startProcess(name, logPath string, bin string, args ...string) (*process, e
 	cmd.Stdout, cmd.Stderr = log, log
 	// kubelet and kube-proxy run iptables, mount and friends from PATH.
 	cmd.Env = append(os.Environ(), "PATH="+os.Getenv("PATH")+":/usr/sbin:/sbin:/usr/bin:/bin")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		log.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -83,7 +86,7 @@ func (p *process) waitReady(ctx context.Context, timeout time.Duration, ready fu
 	defer cancel()
 	for {
 		if done, err := p.exited(); done {
-			return fmt.Errorf("%s exited before it was ready: %v (see %s)", p.name, err, p.logPath)
+			return fmt.Errorf("%s exited before it was ready: %v; the end of its log:\n%s", p.name, err, tail(p.logPath, 15))
 		}
 		last := ready(ctx)
 		if last == nil {
@@ -91,8 +94,22 @@ func (p *process) waitReady(ctx context.Context, timeout time.Duration, ready fu
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not ready after %s: %w (see %s)", p.name, timeout, last, p.logPath)
+			return fmt.Errorf("%s not ready after %s: %w; the end of its log:\n%s", p.name, timeout, last, tail(p.logPath, 15))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// tail returns the last n lines of a log; the cluster's directory, and the
+// log with it, is gone by the time a failed Start returns.
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
