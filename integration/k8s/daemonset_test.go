@@ -300,6 +300,15 @@ func imageFsStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node) {
 		t.Fatal(err)
 	}
 	capacity := statfs.Blocks * uint64(statfs.Bsize)
+	// grouped-snapshotter's root is on the node's data filesystem
+	// (mountNodeData), containerd's on another.
+	var ctrdFS syscall.Statfs_t
+	if err := syscall.Statfs(env.Containerd.Root, &ctrdFS); err != nil {
+		t.Fatal(err)
+	}
+	if other := ctrdFS.Blocks * uint64(ctrdFS.Bsize); other == capacity {
+		t.Fatalf("containerd's root and %s are on filesystems of the same size (%d bytes): the check could not tell them apart", n.Root, capacity)
+	}
 	harness.Eventually(t, 60*time.Second, func() error {
 		raw, err := cl.Kubectl(t.Context(), "get", "--raw", "/api/v1/nodes/"+cl.NodeName+"/proxy/stats/summary")
 		if err != nil {

@@ -107,6 +107,9 @@ func testCluster(t *testing.T) (*harness.Env, *kube.Cluster) {
 			return
 		}
 		logf("containerd environment ready in %s", time.Since(t0).Round(time.Millisecond))
+		if clusterErr = mountNodeData(sharedEnv); clusterErr != nil {
+			return
+		}
 		t1 := time.Now()
 		sharedCluster, clusterErr = kube.Start(ctx, sharedEnv, kube.Options{Logf: logf})
 		if clusterErr == nil {

@@ -30,7 +30,7 @@ import (
 // test never touches the machine's own /usr/local/bin, /etc or /var/lib.
 type node struct {
 	Dir              string
-	Root             string // GS_ROOT
+	Root             string // GS_ROOT, on the node's data filesystem (DataDir)
 	Socket           string // GS_SOCKET
 	BinDir           string // GS_BIN_DIR
 	ConfigFile       string // GS_CONFIG_FILE
@@ -43,7 +43,7 @@ func newNode(env *harness.Env) node {
 	dir := filepath.Join(env.Dir, "node")
 	return node{
 		Dir:              dir,
-		Root:             filepath.Join(dir, "root"),
+		Root:             filepath.Join(dir, "data", "root"),
 		Socket:           filepath.Join(dir, "run", "gs.sock"),
 		BinDir:           filepath.Join(dir, "bin"),
 		ConfigFile:       filepath.Join(dir, "etc", "config.toml"),
@@ -53,11 +53,47 @@ func newNode(env *harness.Env) node {
 	}
 }
 
+// DataDir is the mount point of the node's data filesystem, which holds
+// Root: a filesystem of its own, so that the image filesystem kubelet
+// reports is recognisably grouped-snapshotter's.
+func (n node) DataDir() string { return filepath.Dir(n.Root) }
+
+// dataImageSize is the size of the node's data filesystem image.
+const dataImageSize = 1 << 30
+
+// mountNodeData gives the node a data filesystem of its own, ext4 on a
+// loop device, at DataDir. It must be mounted before the kubelet starts:
+// cadvisor, which the kubelet asks for a directory's filesystem, knows only
+// the mounts that existed when it started. Env.Close unmounts it (it is
+// under the Env's directory), which also frees the loop device.
+func mountNodeData(env *harness.Env) error {
+	n := newNode(env)
+	img := filepath.Join(env.Dir, "node-data.img")
+	if err := os.MkdirAll(n.DataDir(), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(img)
+	if err == nil {
+		err = errors.Join(f.Truncate(dataImageSize), f.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("create %s: %w", img, err)
+	}
+	for _, args := range [][]string{{"mkfs.ext4", "-q", "-F", img}, {"mount", "-o", "loop", img, n.DataDir()}} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
 // Bin is the daemon binary the installer put on the node.
 func (n node) Bin() string { return filepath.Join(n.BinDir, "grouped-snapshotter") }
 
 // PIDFile is where install.sh records the detached daemon's pid.
-func (n node) PIDFile() string { return filepath.Join(filepath.Dir(n.Socket), "grouped-snapshotter.pid") }
+func (n node) PIDFile() string {
+	return filepath.Join(filepath.Dir(n.Socket), "grouped-snapshotter.pid")
+}
 
 // DaemonPID returns the pid of the running daemon the installer started,
 // or 0.
