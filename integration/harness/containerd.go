@@ -29,7 +29,7 @@ type Containerd struct {
 
 	bin  string
 	env  []string
-	proc *process
+	proc *Process
 }
 
 // configParams are the inputs of the generated containerd config.
@@ -136,7 +136,7 @@ func (c *Containerd) start(ctx context.Context, ready func(context.Context) erro
 		return err
 	}
 	c.proc = proc
-	return proc.waitReady(ctx, 30*time.Second, ready)
+	return proc.WaitReady(ctx, 30*time.Second, ready)
 }
 
 // stop ends containerd with SIGTERM (SIGKILL after a grace period).
@@ -144,7 +144,7 @@ func (c *Containerd) stop() error {
 	if c.proc == nil {
 		return nil
 	}
-	return c.proc.stop(15 * time.Second)
+	return c.proc.Stop(15 * time.Second)
 }
 
 // PID returns containerd's process id.

@@ -18,7 +18,7 @@ type Registry struct {
 
 	tools Tools
 	dir   string // blobs, image build scratch
-	proc  *process
+	proc  *Process
 
 	mu     sync.Mutex
 	images map[string]string // ImageSpec key -> pushed reference
@@ -42,8 +42,8 @@ func startRegistry(ctx context.Context, tools Tools, dir, logPath string) (*Regi
 		return nil, err
 	}
 	r := &Registry{Host: host, tools: tools, dir: dir, proc: proc, images: map[string]string{}}
-	if err := proc.waitReady(ctx, 15*time.Second, r.ping); err != nil {
-		_ = proc.stop(5 * time.Second)
+	if err := proc.WaitReady(ctx, 15*time.Second, r.ping); err != nil {
+		_ = proc.Stop(5 * time.Second)
 		return nil, err
 	}
 	return r, nil
@@ -65,7 +65,7 @@ func (r *Registry) ping(ctx context.Context) error {
 	return nil
 }
 
-func (r *Registry) stop() error { return r.proc.stop(5 * time.Second) }
+func (r *Registry) stop() error { return r.proc.Stop(5 * time.Second) }
 
 // freePort asks the kernel for an unused loopback TCP port.
 func freePort() (int, error) {

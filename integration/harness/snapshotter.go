@@ -25,7 +25,7 @@ type Snapshotter struct {
 	// LogPath collects the daemon's output across restarts.
 	LogPath string
 
-	proc *process
+	proc *Process
 }
 
 // buildSnapshotter compiles ./cmd/grouped-snapshotter of repoRoot into dir.
@@ -48,7 +48,7 @@ func buildSnapshotter(ctx context.Context, repoRoot, dir string) (string, error)
 // Start runs the daemon and waits until its socket accepts connections.
 func (s *Snapshotter) Start(ctx context.Context) error {
 	if s.proc != nil {
-		if done, _ := s.proc.exited(); !done {
+		if done, _ := s.proc.Exited(); !done {
 			return fmt.Errorf("snapshotter already running (pid %d)", s.proc.PID())
 		}
 	}
@@ -63,7 +63,7 @@ func (s *Snapshotter) Start(ctx context.Context) error {
 		return err
 	}
 	s.proc = proc
-	return proc.waitReady(ctx, 20*time.Second, dialUnix(s.Address))
+	return proc.WaitReady(ctx, 20*time.Second, dialUnix(s.Address))
 }
 
 // Stop sends SIGTERM and waits for a clean exit. It fails if the daemon had
@@ -73,13 +73,13 @@ func (s *Snapshotter) Stop() error {
 	if s.proc == nil {
 		return nil
 	}
-	if done, _ := s.proc.exited(); done {
+	if done, _ := s.proc.Exited(); done {
 		return nil
 	}
-	if err := s.proc.stop(15 * time.Second); err != nil {
+	if err := s.proc.Stop(15 * time.Second); err != nil {
 		return err
 	}
-	if _, err := s.proc.exited(); err != nil {
+	if _, err := s.proc.Exited(); err != nil {
 		return fmt.Errorf("grouped-snapshotter exited uncleanly after SIGTERM: %w", err)
 	}
 	return nil
@@ -90,7 +90,7 @@ func (s *Snapshotter) Kill() error {
 	if s.proc == nil {
 		return nil
 	}
-	if done, _ := s.proc.exited(); done {
+	if done, _ := s.proc.Exited(); done {
 		return nil
 	}
 	if err := s.proc.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -113,7 +113,7 @@ func (s *Snapshotter) PID() int {
 	if s.proc == nil {
 		return 0
 	}
-	if done, _ := s.proc.exited(); done {
+	if done, _ := s.proc.Exited(); done {
 		return 0
 	}
 	return s.proc.PID()

@@ -52,7 +52,7 @@ func (e *Env) Close() error {
 		}
 	}
 	if c := e.Containerd; c != nil && c.proc != nil {
-		if done, _ := c.proc.exited(); !done && e.containerdAnswers(ctx) {
+		if done, _ := c.proc.Exited(); !done && e.containerdAnswers(ctx) {
 			if e.CRI != nil {
 				add(e.CRI.removePods(ctx))
 			}

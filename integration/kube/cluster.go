@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -52,8 +53,8 @@ type Cluster struct {
 	cgroup []string // hierarchies CgroupRoot was created in
 	api    *apiClient
 
-	procs  []*process // in start order
-	unlock func()     // releases the host lock (LockHost)
+	procs  []*harness.Process // in start order
+	unlock func()             // releases the host lock (LockHost)
 
 	mu       sync.Mutex
 	closed   bool
@@ -251,14 +252,14 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := etcd.waitReady(ctx, 30*time.Second, httpOK(c.api.plain, c.etcdURL()+"/health")); err != nil {
+	if err := etcd.WaitReady(ctx, 30*time.Second, httpOK(c.api.plain, c.etcdURL()+"/health")); err != nil {
 		return err
 	}
 	apiserver, err := c.run("kube-apiserver", c.apiserverArgs())
 	if err != nil {
 		return err
 	}
-	if err := apiserver.waitReady(ctx, 2*time.Minute, httpOK(c.api.client, c.Server+"/readyz")); err != nil {
+	if err := apiserver.WaitReady(ctx, 2*time.Minute, httpOK(c.api.client, c.Server+"/readyz")); err != nil {
 		return err
 	}
 	c.logf("apiserver ready at %s", c.Server)
@@ -280,7 +281,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	local := c.api.local
 	waits := []struct {
-		p       *process
+		p       *harness.Process
 		timeout time.Duration
 		ready   func(context.Context) error
 	}{
@@ -293,7 +294,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		{proxy, time.Minute, httpOK(c.api.plain, "http://"+hostPort("127.0.0.1", c.ports.proxyHealthz)+"/healthz")},
 	}
 	for _, w := range waits {
-		if err := w.p.waitReady(ctx, w.timeout, w.ready); err != nil {
+		if err := w.p.WaitReady(ctx, w.timeout, w.ready); err != nil {
 			return err
 		}
 	}
@@ -301,8 +302,16 @@ func (c *Cluster) start(ctx context.Context) error {
 }
 
 // run starts one component from BinDir, logging to logs/<name>.log.
-func (c *Cluster) run(name string, args []string) (*process, error) {
-	p, err := startProcess(name, filepath.Join(c.Dir, "logs", name+".log"), filepath.Join(c.BinDir, name), args...)
+func (c *Cluster) run(name string, args []string) (*harness.Process, error) {
+	// SIGKILL if the test process dies: nobody is left to restore the
+	// host then, and a graceful apiserver can outlast etcd by minutes.
+	// kubelet and kube-proxy run iptables, mount and friends from PATH.
+	p, err := harness.StartProcess(harness.ProcessOptions{
+		Name:        name,
+		LogPath:     filepath.Join(c.Dir, "logs", name+".log"),
+		Env:         []string{"PATH=" + os.Getenv("PATH") + ":/usr/sbin:/sbin:/usr/bin:/bin"},
+		DeathSignal: syscall.SIGKILL,
+	}, filepath.Join(c.BinDir, name), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -312,9 +321,9 @@ func (c *Cluster) run(name string, args []string) (*process, error) {
 }
 
 // proc returns the started component called name, or nil.
-func (c *Cluster) proc(name string) *process {
+func (c *Cluster) proc(name string) *harness.Process {
 	for _, p := range c.procs {
-		if p.name == name {
+		if p.Name() == name {
 			return p
 		}
 	}

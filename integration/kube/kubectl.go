@@ -47,7 +47,15 @@ func (c *Cluster) LogTail(n int) string {
 	paths, _ := filepath.Glob(filepath.Join(c.Dir, "logs", "*.log"))
 	var b strings.Builder
 	for _, p := range paths {
-		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, tail(p, n))
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > n {
+			lines = lines[len(lines)-n:]
+		}
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, strings.Join(lines, "\n"))
 	}
 	return b.String()
 }

@@ -41,7 +41,7 @@ func (c *Cluster) Close() error {
 	}
 	for i, name := range stopOrder {
 		if p := c.proc(name); p != nil {
-			add("stop "+name, p.stop(20*time.Second))
+			add("stop "+name, p.Stop(20*time.Second))
 		}
 		if i == 0 {
 			add("remove pods", c.removePods(ctx))
@@ -50,7 +50,7 @@ func (c *Cluster) Close() error {
 	// A component this package started but stopOrder forgot is a bug;
 	// stop it anyway.
 	for _, p := range c.procs {
-		add("stop "+p.name, p.stop(20*time.Second))
+		add("stop "+p.Name(), p.Stop(20*time.Second))
 	}
 	add("restore iptables", restoreNetfilter(c.host.Netfilter, c.logf))
 	add("restore sysctls", restoreSysctls(c.host.Sysctls, c.logf))
@@ -119,8 +119,8 @@ func unmountUnder(dir string) error {
 func (c *Cluster) Leftovers() error {
 	var errs []error
 	for _, p := range c.procs {
-		if done, _ := p.exited(); !done {
-			errs = append(errs, fmt.Errorf("%s (pid %d) still runs", p.name, p.PID()))
+		if done, _ := p.Exited(); !done {
+			errs = append(errs, fmt.Errorf("%s (pid %d) still runs", p.Name(), p.PID()))
 		}
 	}
 	for _, m := range c.cgroup {
