@@ -62,6 +62,19 @@ func TestDaemonSet(t *testing.T) {
 	if _, err := os.Stat(n.Root); !os.IsNotExist(err) {
 		t.Fatalf("%s exists before the install", n.Root)
 	}
+	t.Run("overlayfs-baseline", func(t *testing.T) {
+		// The same user-namespaced pod start on containerd's own
+		// snapshotter, for the record (the image under another name, so
+		// that the Deployment later pulls its own).
+		baseline := strings.Replace(many, "k8s-many", "k8s-many-baseline", 1)
+		if err := env.Registry.Copy(ctx, many, baseline); err != nil {
+			t.Fatal(err)
+		}
+		c := tracePodStart(t, env, cl, 0, "baseline", baseline)
+		t.Logf("on overlayfs, a %d-layer user-namespaced pod start (sandbox + 2 containers) made %d mount-family syscalls outside runc: %s (idmap %d); runc %d",
+			manyLayers, c.SnapshotSide().Total(), c.SnapshotSide().Groups(), c.SnapshotSide().Syscalls(harness.IDMapSyscalls...), c.Runc().Total())
+		kubectl(t, cl, "delete", "pod", "baseline", "--wait", "--timeout=120s")
+	})
 
 	t.Run("install", func(t *testing.T) {
 		t0 := time.Now()
@@ -149,31 +162,11 @@ func usernsPods(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, many, 
 	}
 	var runs []traced
 	start := func(name, image string, layers int) {
-		pids := append([]int{env.Containerd.PID(), n.DaemonPID()}, env.ShimPIDs()...)
-		tr, err := harness.StartMountTrace(pids...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t0 := time.Now()
-		kubectlApply(t, cl, usernsPodManifest(name, image))
-		_, err = cl.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=180s")
-		d := since(t0)
-		counts, stopErr := tr.Stop()
-		if err != nil {
-			t.Fatalf("pod %s: %v\n%s", name, err, describe(t, cl, "pod/"+name))
-		}
-		if stopErr != nil {
-			t.Fatal(stopErr)
-		}
+		counts := tracePodStart(t, env, cl, n.DaemonPID(), name, image)
 		runs = append(runs, traced{name, layers, counts})
-		t.Logf("pod %s (%d layers, sandbox + 2 containers) ready in %s: snapshot side %d mount-family syscalls %s, idmap %d; runc %d",
-			name, layers, d, counts.SnapshotSide().Total(), counts.SnapshotSide().Groups(),
+		t.Logf("pod %s (%d layers, sandbox + 2 containers): snapshot side %d mount-family syscalls %s, idmap %d; runc %d",
+			name, layers, counts.SnapshotSide().Total(), counts.SnapshotSide().Groups(),
 			counts.SnapshotSide().Syscalls(harness.IDMapSyscalls...), counts.Runc().Total())
-	}
-	// Both images are pulled before the traces: a pull's unpack mounts
-	// are not a container start's.
-	if _, err := env.CRI.Crictl(ctx, "pull", one); err != nil {
-		t.Fatal(err)
 	}
 	names := []string{"userns-0", "userns-1", "userns-2"}
 	for _, name := range names {
@@ -272,6 +265,41 @@ func usernsPods(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, many, 
 	if left, _ := os.ReadDir(filepath.Join(n.Root, "v")); len(left) != 0 {
 		t.Errorf("view directories left: %d", len(left))
 	}
+}
+
+// tracePodStart pulls image, then creates a user-namespaced pod of two
+// containers from it and counts the mount-family syscalls of containerd,
+// its shims (new ones included) and the snapshotter daemon (pid, if not 0)
+// until the pod is Ready.
+func tracePodStart(t *testing.T, env *harness.Env, cl *kube.Cluster, daemonPID int, name, image string) harness.MountCounts {
+	t.Helper()
+	// A pull's unpack mounts are not a pod start's.
+	if _, err := env.CRI.Crictl(t.Context(), "pull", image); err != nil {
+		t.Fatal(err)
+	}
+	pids := append([]int{env.Containerd.PID()}, env.ShimPIDs()...)
+	if daemonPID != 0 {
+		pids = append(pids, daemonPID)
+	}
+	tr, err := harness.StartMountTrace(pids...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	kubectlApply(t, cl, usernsPodManifest(name, image))
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	_, err = cl.Kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=180s")
+	d := since(t0)
+	counts, stopErr := tr.Stop()
+	if err != nil {
+		t.Fatalf("pod %s: %v\n%s", name, err, describe(t, cl, "pod/"+name))
+	}
+	if stopErr != nil {
+		t.Fatal(stopErr)
+	}
+	t.Logf("pod %s ready in %s", name, d)
+	return counts
 }
 
 func imageFsStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node) {
