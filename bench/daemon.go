@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -72,17 +70,7 @@ func (d *daemon) close() error {
 		errs = append(errs, d.conn.Close())
 	}
 	errs = append(errs, d.Stop())
-	mounts, err := harness.MountsUnder(d.dir)
-	errs = append(errs, err)
-	// Deepest first: views live under the views directory's own mount.
-	slices.SortFunc(mounts, func(a, b harness.Mount) int {
-		return strings.Count(b.MountPoint, "/") - strings.Count(a.MountPoint, "/")
-	})
-	for _, m := range mounts {
-		if err := syscall.Unmount(m.MountPoint, syscall.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m.MountPoint, err))
-		}
-	}
+	errs = append(errs, harness.UnmountUnder(d.dir))
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

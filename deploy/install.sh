@@ -235,16 +235,31 @@ restart_containerd() {
 	host sh -c "$CONTAINERD_RESTART"
 }
 
+# detach CGROUP SCRIPT [ARG...] runs the shell SCRIPT, ARGs as $1..., on
+# the host in a new session and in cgroup CGROUP of every hierarchy ("" is
+# the root), so that it outlives this script and this pod: a pod's cgroups
+# are killed with it, hostPID or not. Its output is discarded.
+detach() {
+	cgroup=$1 script=$2
+	shift 2
+	host setsid sh -c '
+		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+			[ -f "${d}cgroup.procs" ] || continue
+			g=${d}$0
+			mkdir -p "$g"
+			# cgroup v1 cpuset: an empty cpuset refuses tasks.
+			[ ! -f "$g/cpuset.cpus" ] || [ -n "$(cat "$g/cpuset.cpus")" ] || cat "${d}cpuset.cpus" >"$g/cpuset.cpus"
+			[ ! -f "$g/cpuset.mems" ] || [ -n "$(cat "$g/cpuset.mems")" ] || cat "${d}cpuset.mems" >"$g/cpuset.mems"
+			echo $$ >"$g/cgroup.procs"
+		done 2>/dev/null
+		'"$script" "$cgroup" "$@" </dev/null >/dev/null 2>&1 &
+}
+
 # restart_containerd_detached restarts containerd from a host process in
 # the host's root cgroups, which outlives this pod's processes.
 restart_containerd_detached() {
 	echo "restarting containerd ($CONTAINERD_RESTART), detached"
-	host setsid sh -c '
-		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-			[ -f "${d}cgroup.procs" ] && echo $$ >"${d}cgroup.procs" 2>/dev/null || true
-		done
-		exec sh -c "$0"
-	' "$CONTAINERD_RESTART" </dev/null >/dev/null 2>&1 &
+	detach "" 'exec sh -c "$1"' "$CONTAINERD_RESTART"
 }
 
 # --- without systemd: a detached host process in a cgroup of its own ---
@@ -264,19 +279,12 @@ running_pid() {
 # another one serves the socket or holds the metadata.
 start_detached() {
 	mkdir -p "$H$RUN_DIR" "$(dirname "$H$LOG_FILE")"
-	host setsid sh -c '
-		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-			[ -f "${d}cgroup.procs" ] || continue
-			g=${d}'"$CGROUP_NAME"'
-			mkdir -p "$g"
-			# cgroup v1 cpuset: an empty cpuset refuses tasks.
-			[ ! -f "$g/cpuset.cpus" ] || [ -n "$(cat "$g/cpuset.cpus")" ] || cat "${d}cpuset.cpus" >"$g/cpuset.cpus"
-			[ ! -f "$g/cpuset.mems" ] || [ -n "$(cat "$g/cpuset.mems")" ] || cat "${d}cpuset.mems" >"$g/cpuset.mems"
-			echo $$ >"$g/cgroup.procs"
-		done
-		echo $$ >"'"$PIDFILE"'"
-		exec "'"$BIN"'" '"$(daemon_args)"' >>"'"$LOG_FILE"'" 2>&1 </dev/null
-	' </dev/null >/dev/null 2>&1 &
+	# shellcheck disable=SC2046 # daemon_args is a list of words
+	detach "$CGROUP_NAME" '
+		pidfile=$1 log=$2
+		shift 2
+		echo $$ >"$pidfile"
+		exec "$@" >>"$log" 2>&1' "$PIDFILE" "$LOG_FILE" "$BIN" $(daemon_args)
 	echo "started grouped-snapshotter on the host (log $LOG_FILE)"
 }
 
@@ -448,25 +456,22 @@ running_supervisor() {
 # PID (this pod's main process) to end, then purges the root and removes
 # the binary, config, unit and log. It gives up after an hour.
 deferred_purge() {
-	rmfiles=
-	for f in "$UNIT" "$BIN" "$CONFIG_FILE"; do rmfiles="$rmfiles $f"; done
-	[ "$PURGE" = 0 ] || rmfiles="$rmfiles $LOG_FILE"
-	host setsid sh -c '
-		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
-			[ -f "${d}cgroup.procs" ] && echo $$ >"${d}cgroup.procs" 2>/dev/null || true
-		done
+	detach "" '
+		pid=$1 bin=$2 root=$3 socket=$4 configdir=$5 rundir=$6
+		shift 6
 		i=0
-		while kill -0 '"$1"' 2>/dev/null; do
-			i=$((i + 1)); [ $i -lt 3600 ] || exit 1
+		while kill -0 "$pid" 2>/dev/null; do
+			i=$((i + 1))
+			[ $i -lt 3600 ] || exit 1
 			sleep 1
 		done
-		# The pod'"'"'s container has exited; its root filesystem is unmounted right after.
+		# The container has exited; its root filesystem goes right after.
 		sleep 2
-		"'"$BIN"'" purge --root "'"$ROOT"'" --address "'"$SOCKET"'" || exit 1
-		rm -f '"$rmfiles"'
-		rmdir "'"$(dirname "$CONFIG_FILE")"'" "'"$RUN_DIR"'" 2>/dev/null
-		exit 0
-	' </dev/null >/dev/null 2>&1 &
+		"$bin" purge --root "$root" --address "$socket" || exit 1
+		rm -f "$@"
+		rmdir "$configdir" "$rundir" 2>/dev/null
+		exit 0' "$1" "$BIN" "$ROOT" "$SOCKET" "$(dirname "$CONFIG_FILE")" "$RUN_DIR" \
+		"$UNIT" "$BIN" "$CONFIG_FILE" "$LOG_FILE"
 }
 
 # do_supervise is the DaemonSet pod's main loop after install: without

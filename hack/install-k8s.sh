@@ -29,8 +29,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-module_dir() {
-	GOFLAGS=-mod=mod go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+# module_copy MODULE@VERSION DIR: a writable copy of a module from the
+# module proxy, in DIR.
+module_copy() {
+	local src
+	src=$(GOFLAGS=-mod=mod go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[ -n "$src" ] || { echo "install-k8s: cannot download $1" >&2; exit 1; }
+	rm -rf "$2"
+	mkdir -p "$2"
+	cp -r "$src/." "$2/"
+	chmod -R u+w "$2"
 }
 
 mkdir -p "$OUT"
@@ -40,13 +48,8 @@ start=$(date +%s)
 # to ./staging/src/k8s.io/X point at nothing; the same code is published as
 # k8s.io/X v0.<minor>.<patch>, which is what the replaces are rewritten to.
 echo "install-k8s: building Kubernetes $K8S_VERSION"
-src=$(module_dir "k8s.io/kubernetes@$K8S_VERSION")
-[ -n "$src" ] || { echo "install-k8s: cannot download k8s.io/kubernetes@$K8S_VERSION" >&2; exit 1; }
 work="$TOOLS_DIR/src/kubernetes"
-rm -rf "$work"
-mkdir -p "$work"
-cp -r "$src/." "$work/"
-chmod -R u+w "$work"
+module_copy "k8s.io/kubernetes@$K8S_VERSION" "$work"
 staging="v0.${K8S_VERSION#v1.}"
 minor=${K8S_VERSION#v1.}
 minor=${minor%%.*}
@@ -69,13 +72,8 @@ rm -rf "$work"
 # block pointing at sibling directories the module zip does not have; the
 # requires already name the same release.
 echo "install-k8s: building etcd $ETCD_VERSION"
-src=$(module_dir "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
-[ -n "$src" ] || { echo "install-k8s: cannot download go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2; exit 1; }
 work="$TOOLS_DIR/src/etcd"
-rm -rf "$work"
-mkdir -p "$work"
-cp -r "$src/." "$work/"
-chmod -R u+w "$work"
+module_copy "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "$work"
 (
 	cd "$work"
 	sed -i -E '/^replace[[:space:]]*\(/,/^\)/d; /^replace[[:space:]]+go\.etcd\.io/d' go.mod

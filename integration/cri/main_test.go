@@ -8,35 +8,22 @@
 package cri
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
-var (
-	envOnce   sync.Once
-	sharedEnv *harness.Env
-	envErr    error
-)
+// shared is the CRI-enabled environment shared by the package's tests.
+var shared = harness.SharedEnv{Options: harness.Options{CRI: true}, Tests: "CRI integration tests"}
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if sharedEnv != nil {
-		if code != 0 {
-			fmt.Fprintf(os.Stderr, "daemon logs:\n%s", sharedEnv.LogTail(60))
-		}
-		if err := sharedEnv.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
-			code = 1
-		}
-		if err := checkNetworkRemoved(sharedEnv.CRI); err != nil {
+	code := shared.Close(m.Run())
+	if env := shared.Started(); env != nil {
+		if err := checkNetworkRemoved(env.CRI); err != nil {
 			fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
 			code = 1
 		}
@@ -59,29 +46,9 @@ func checkNetworkRemoved(cri *harness.CRI) error {
 	return nil
 }
 
-// testEnv returns the CRI-enabled environment shared by the package's tests,
-// starting it on first use. It fails the test when not run as root.
+// testEnv returns the CRI-enabled environment shared by the package's
+// tests, starting it on first use.
 func testEnv(t *testing.T) *harness.Env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("the CRI integration tests need root (they run containerd, runc, CNI and mount overlays): run `sudo go test ./integration/cri/...`")
-	}
-	envOnce.Do(func() {
-		t0 := time.Now()
-		sharedEnv, envErr = harness.Start(context.Background(), harness.Options{
-			CRI: true,
-			Logf: func(format string, args ...any) {
-				if testing.Verbose() {
-					fmt.Fprintf(os.Stderr, "harness: "+format+"\n", args...)
-				}
-			},
-		})
-		if envErr == nil {
-			sharedEnv.Logf("CRI environment ready in %s", time.Since(t0).Round(time.Millisecond))
-		}
-	})
-	if envErr != nil {
-		t.Fatalf("start CRI integration environment: %v", envErr)
-	}
-	return sharedEnv
+	return shared.Get(t)
 }

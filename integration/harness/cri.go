@@ -1,13 +1,11 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -125,20 +123,12 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 // Crictl runs crictl against the private containerd and returns its stdout.
 // The error carries stderr.
 func (c *CRI) Crictl(ctx context.Context, args ...string) (string, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ctrTimeout)
-		defer cancel()
-	}
-	full := append([]string{"--config", c.CrictlConfig, "--runtime-endpoint", c.endpoint, "--image-endpoint", c.endpoint}, args...)
-	cmd := exec.CommandContext(ctx, c.crictl, full...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("crictl %s: %w: %s", strings.Join(args, " "), err,
-			strings.TrimSpace(stderr.String()+"\n"+stdout.String()))
-	}
-	return stdout.String(), nil
+	return Command{
+		Bin:     c.crictl,
+		Global:  []string{"--config", c.CrictlConfig, "--runtime-endpoint", c.endpoint, "--image-endpoint", c.endpoint},
+		Args:    args,
+		Timeout: ctrTimeout,
+	}.Run(ctx)
 }
 
 // IDMap is one user-namespace range: container ID 0 maps to HostID, for Size
@@ -286,20 +276,12 @@ func (e *Env) CRITaskRootfs(id string) string {
 // CtrNS runs ctr against the private containerd in namespace ns (Ctr uses
 // the Env's own namespace).
 func (e *Env) CtrNS(ctx context.Context, ns string, args ...string) (string, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ctrTimeout)
-		defer cancel()
-	}
-	full := append([]string{"--address", e.Containerd.Address, "--namespace", ns}, args...)
-	cmd := exec.CommandContext(ctx, e.Tools.Path("ctr"), full...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("ctr -n %s %s: %w: %s", ns, strings.Join(args, " "), err,
-			strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
+	return Command{
+		Bin:     e.Tools.Path("ctr"),
+		Global:  []string{"--address", e.Containerd.Address},
+		Args:    append([]string{"--namespace", ns}, args...),
+		Timeout: ctrTimeout,
+	}.Run(ctx)
 }
 
 func writeJSON(path string, v any) error {

@@ -1,11 +1,9 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -25,20 +23,12 @@ const ctrTimeout = 3 * time.Minute
 // `containers create`, and --fifo-dir to `run`, `tasks start` and
 // `tasks exec`, unless args already set them.
 func (e *Env) Ctr(ctx context.Context, args ...string) (string, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ctrTimeout)
-		defer cancel()
-	}
-	full := append([]string{"--address", e.Containerd.Address, "--namespace", e.Namespace}, e.privateStateArgs(args)...)
-	cmd := exec.CommandContext(ctx, e.Tools.Path("ctr"), full...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err,
-			strings.TrimSpace(stderr.String()+"\n"+stdout.String()))
-	}
-	return stdout.String(), nil
+	return Command{
+		Bin:     e.Tools.Path("ctr"),
+		Global:  []string{"--address", e.Containerd.Address, "--namespace", e.Namespace},
+		Args:    e.privateStateArgs(args),
+		Timeout: ctrTimeout,
+	}.Run(ctx)
 }
 
 // privateStateArgs inserts --runc-root and --fifo-dir right after the

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -254,20 +253,7 @@ func (e *Env) Logf(format string, args ...any) { e.logf(format, args...) }
 
 // LogTail returns the last n lines of each daemon log, for failure reports.
 func (e *Env) LogTail(n int) string {
-	paths, _ := filepath.Glob(filepath.Join(e.Dir, "logs", "*.log"))
-	var b strings.Builder
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > n {
-			lines = lines[len(lines)-n:]
-		}
-		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, strings.Join(lines, "\n"))
-	}
-	return b.String()
+	return TailLogs(filepath.Join(e.Dir, "logs", "*.log"), n)
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

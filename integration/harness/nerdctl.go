@@ -1,11 +1,9 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -95,11 +93,6 @@ func (n *Nerdctl) Run(ctx context.Context, r NerdctlRun, args ...string) (string
 	if r.Config == "" {
 		return "", fmt.Errorf("nerdctl %s: no config file given", strings.Join(args, " "))
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, ctrTimeout)
-		defer cancel()
-	}
 	e := n.env
 	global := []string{
 		"--address", e.Containerd.Address,
@@ -114,13 +107,11 @@ func (n *Nerdctl) Run(ctx context.Context, r NerdctlRun, args ...string) (string
 	if r.Snapshotter != "" {
 		global = append(global, "--snapshotter", r.Snapshotter)
 	}
-	cmd := exec.CommandContext(ctx, n.Bin, append(global, args...)...)
-	cmd.Env = append(os.Environ(), "NERDCTL_TOML="+r.Config)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("nerdctl %s: %w: %s", strings.Join(args, " "), err,
-			strings.TrimSpace(stderr.String()+"\n"+stdout.String()))
-	}
-	return stdout.String(), nil
+	return Command{
+		Bin:     n.Bin,
+		Global:  global,
+		Args:    args,
+		Env:     []string{"NERDCTL_TOML=" + r.Config},
+		Timeout: ctrTimeout,
+	}.Run(ctx)
 }

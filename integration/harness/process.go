@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -130,6 +131,17 @@ func dialUnix(path string) func(context.Context) error {
 		}
 		return c.Close()
 	}
+}
+
+// TailLogs returns the last n lines of every file matching pattern, each
+// under a "==> path <==" header, for failure reports.
+func TailLogs(pattern string, n int) string {
+	paths, _ := filepath.Glob(pattern)
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, tailFile(p, n))
+	}
+	return b.String()
 }
 
 // tailFile returns the last n lines of a log, read now: a failed start

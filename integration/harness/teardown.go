@@ -67,7 +67,7 @@ func (e *Env) Close() error {
 	if r := e.Registry; r != nil {
 		add(wrap("stop registry", r.stop()))
 	}
-	add(unmountUnder(e.Dir))
+	add(UnmountUnder(e.Dir))
 	add(e.removeHostState())
 	if e.CRI != nil {
 		add(e.CRI.Network.remove(e.CRI.sandboxIDs()))
@@ -195,8 +195,9 @@ func fileContains(path, s string) bool {
 	return err == nil && strings.Contains(string(data), s)
 }
 
-// unmountUnder unmounts every mount at or below dir, top-most first.
-func unmountUnder(dir string) error {
+// UnmountUnder unmounts every mount at or below dir, top-most first
+// (detaching one that is busy), and fails if any remains.
+func UnmountUnder(dir string) error {
 	for range 10 {
 		mounts, err := MountsUnder(dir)
 		if err != nil {

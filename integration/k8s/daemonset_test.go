@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -508,12 +507,8 @@ func cleanupNode(t *testing.T, n node) {
 			t.Errorf("grouped-snapshotter (pid %d) left by the DaemonSet ignored SIGTERM", pid)
 		}
 	}
-	mounts, _ := harness.MountsUnder(n.Dir)
-	slices.SortFunc(mounts, func(a, b harness.Mount) int { return len(b.MountPoint) - len(a.MountPoint) })
-	for _, m := range mounts {
-		if err := syscall.Unmount(m.MountPoint, 0); err != nil {
-			t.Errorf("unmount %s: %v", m.MountPoint, err)
-		}
+	if err := harness.UnmountUnder(n.Dir); err != nil {
+		t.Error(err)
 	}
 	for _, d := range cgroupDirs() {
 		if err := os.Remove(d); err != nil {
@@ -659,12 +654,7 @@ func diagnostics(cl *kube.Cluster) string {
 		fmt.Fprintf(&b, "==> kubectl %s (%v)\n%s\n", strings.Join(args, " "), err, out)
 	}
 	if diagNode.LogFile != "" {
-		data, _ := os.ReadFile(diagNode.LogFile)
-		lines := strings.Split(string(data), "\n")
-		if len(lines) > 40 {
-			lines = lines[len(lines)-40:]
-		}
-		fmt.Fprintf(&b, "==> %s\n%s\n", diagNode.LogFile, strings.Join(lines, "\n"))
+		b.WriteString(harness.TailLogs(diagNode.LogFile, 40))
 	}
 	return b.String()
 }

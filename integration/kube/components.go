@@ -95,20 +95,32 @@ func (c *Cluster) apiserverArgs() []string {
 	}
 }
 
-func (c *Cluster) controllerManagerArgs() []string {
+// controlPlaneArgs are the flags the controller-manager and the scheduler
+// share: their kubeconfig for the API and its authn/authz, and a serving
+// endpoint on 127.0.0.1:port.
+func (c *Cluster) controlPlaneArgs(name, kubeconfig string, port int) []string {
 	f := c.files
 	return []string{
-		"--kubeconfig", f.controllerManager,
-		"--authentication-kubeconfig", f.controllerManager,
-		"--authorization-kubeconfig", f.controllerManager,
+		"--kubeconfig", kubeconfig,
+		"--authentication-kubeconfig", kubeconfig,
+		"--authorization-kubeconfig", kubeconfig,
 		// Client certificates from the cluster CA; no front proxy to look up.
 		"--client-ca-file", f.ca,
 		"--authentication-skip-lookup=true",
 		"--bind-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(c.ports.controllerManager),
-		"--cert-dir", filepath.Join(c.Dir, "certs", "controller-manager"),
+		"--secure-port", strconv.Itoa(port),
+		"--cert-dir", filepath.Join(c.Dir, "certs", name),
 		"--tls-cert-file", f.localCert,
 		"--tls-private-key-file", f.localKey,
+		"--leader-elect=false",
+		"--profiling=false",
+		"--v=1",
+	}
+}
+
+func (c *Cluster) controllerManagerArgs() []string {
+	f := c.files
+	return append(c.controlPlaneArgs("controller-manager", f.controllerManager, c.ports.controllerManager),
 		"--service-account-private-key-file", f.saKey,
 		"--root-ca-file", f.ca,
 		"--use-service-account-credentials=true",
@@ -117,30 +129,11 @@ func (c *Cluster) controllerManagerArgs() []string {
 		"--allocate-node-cidrs=false",
 		// Its default is under /usr/libexec, which it would create.
 		"--flex-volume-plugin-dir", filepath.Join(c.Dir, "volume-plugins"),
-		"--leader-elect=false",
-		"--profiling=false",
-		"--v=1",
-	}
+	)
 }
 
 func (c *Cluster) schedulerArgs() []string {
-	f := c.files
-	return []string{
-		"--kubeconfig", f.scheduler,
-		"--authentication-kubeconfig", f.scheduler,
-		"--authorization-kubeconfig", f.scheduler,
-		// Client certificates from the cluster CA; no front proxy to look up.
-		"--client-ca-file", f.ca,
-		"--authentication-skip-lookup=true",
-		"--bind-address", "127.0.0.1",
-		"--secure-port", strconv.Itoa(c.ports.scheduler),
-		"--cert-dir", filepath.Join(c.Dir, "certs", "scheduler"),
-		"--tls-cert-file", f.localCert,
-		"--tls-private-key-file", f.localKey,
-		"--leader-elect=false",
-		"--profiling=false",
-		"--v=1",
-	}
+	return c.controlPlaneArgs("scheduler", c.files.scheduler, c.ports.scheduler)
 }
 
 // kubeletConfig is the KubeletConfiguration for this host (see

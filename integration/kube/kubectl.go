@@ -1,14 +1,11 @@
 package kube
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // kubectlTimeout bounds a kubectl call whose context has no deadline.
@@ -22,40 +19,19 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 
 // KubectlStdin is Kubectl with stdin (e.g. "apply -f -").
 func (c *Cluster) KubectlStdin(ctx context.Context, stdin []byte, args ...string) (string, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, kubectlTimeout)
-		defer cancel()
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
-	// kubectl caches discovery under $HOME/.kube unless told otherwise.
-	cmd.Env = append(os.Environ(), "KUBECACHEDIR="+filepath.Join(c.Dir, "kubectl-cache"))
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
+	return harness.Command{
+		Bin:    filepath.Join(c.BinDir, "kubectl"),
+		Global: []string{"--kubeconfig", c.Kubeconfig},
+		Args:   args,
+		// kubectl caches discovery under $HOME/.kube unless told otherwise.
+		Env:     []string{"KUBECACHEDIR=" + filepath.Join(c.Dir, "kubectl-cache")},
+		Stdin:   stdin,
+		Timeout: kubectlTimeout,
+	}.Run(ctx)
 }
 
 // LogTail returns the last n lines of each component's log, for failure
 // reports.
 func (c *Cluster) LogTail(n int) string {
-	paths, _ := filepath.Glob(filepath.Join(c.Dir, "logs", "*.log"))
-	var b strings.Builder
-	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > n {
-			lines = lines[len(lines)-n:]
-		}
-		fmt.Fprintf(&b, "==> %s <==\n%s\n", p, strings.Join(lines, "\n"))
-	}
-	return b.String()
+	return harness.TailLogs(filepath.Join(c.Dir, "logs", "*.log"), n)
 }

@@ -1,13 +1,15 @@
 package kube
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // The netfilter dumps a snapshot records, by the command that makes them.
@@ -209,14 +211,5 @@ func removeNewEmptyTables(f family, before map[string]*savedTable, logf func(str
 
 // run runs a host tool and returns its stdout; the error carries stderr.
 func run(stdin []byte, name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
+	return harness.Command{Bin: name, Args: args, Stdin: stdin}.Run(context.Background())
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -55,7 +54,8 @@ func (c *Cluster) Close() error {
 	add("restore iptables", restoreNetfilter(c.host.Netfilter, c.logf))
 	add("restore sysctls", restoreSysctls(c.host.Sysctls, c.logf))
 	add("restore host directories", restorePaths(c.host.Paths, c.Dir, c.logf))
-	add("unmount", unmountUnder(c.Dir))
+	// The kubelet's volume tmpfs mounts of pods it did not get to clean up.
+	add("unmount", harness.UnmountUnder(c.Dir))
 	add("remove cgroups", removeCgroupRoot(c.cgroup, c.CgroupRoot))
 	if left, err := harness.MountsUnder(c.Dir); err != nil || len(left) > 0 {
 		add("remove "+c.Dir, fmt.Errorf("refusing: %d mounts remain under it (%v)", len(left), err))
@@ -90,27 +90,6 @@ func (c *Cluster) removePods(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// unmountUnder unmounts every mount below dir (the kubelet's volume
-// tmpfs mounts of pods it did not get to clean up), top-most first.
-func unmountUnder(dir string) error {
-	for range 10 {
-		mounts, err := harness.MountsUnder(dir)
-		if err != nil {
-			return err
-		}
-		if len(mounts) == 0 {
-			return nil
-		}
-		for i := len(mounts) - 1; i >= 0; i-- {
-			if err := syscall.Unmount(mounts[i].MountPoint, 0); err != nil {
-				_ = syscall.Unmount(mounts[i].MountPoint, syscall.MNT_DETACH)
-			}
-		}
-	}
-	left, _ := harness.MountsUnder(dir)
-	return fmt.Errorf("%d mounts remain under %s", len(left), dir)
 }
 
 // Leftovers reports anything of the cluster still on the host after

@@ -3,7 +3,6 @@ package reliability
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,42 +12,15 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
-var (
-	envOnce   sync.Once
-	sharedEnv *harness.Env
-	envErr    error
-	idCount   atomic.Int64
-)
+var idCount atomic.Int64
 
-// testEnv returns a private registry + daemon + containerd shared by the
-// tests of this package, closed by TestMain.
+// shared is a private registry + daemon + containerd shared by the tests
+// of this package, closed by TestMain.
+var shared = harness.SharedEnv{Tests: "reliability tests"}
+
 func testEnv(t *testing.T) *harness.Env {
 	t.Helper()
-	requireRoot(t)
-	envOnce.Do(func() {
-		sharedEnv, envErr = harness.Start(context.Background(), harness.Options{
-			Logf: func(format string, args ...any) {
-				if testing.Verbose() {
-					fmt.Fprintf(os.Stderr, "harness: "+format+"\n", args...)
-				}
-			},
-		})
-	})
-	if envErr != nil {
-		t.Fatalf("start containerd environment: %v", envErr)
-	}
-	return sharedEnv
-}
-
-// closeEnv tears the shared environment down; it reports failures.
-func closeEnv(failed bool) error {
-	if sharedEnv == nil {
-		return nil
-	}
-	if failed {
-		fmt.Fprintf(os.Stderr, "daemon logs:\n%s", sharedEnv.LogTail(40))
-	}
-	return sharedEnv.Close()
+	return shared.Get(t)
 }
 
 func ctrOK(t *testing.T, env *harness.Env, args ...string) string {

@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/proxy"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -67,7 +66,7 @@ func newDaemon(t *testing.T) *daemon {
 				t.Logf("daemon log (last 4 KiB):\n%s", tail(log, 4096))
 			}
 		}
-		if err := unmountUnder(dir); err != nil {
+		if err := harness.UnmountUnder(dir); err != nil {
 			t.Errorf("unmount under %s: %v", dir, err)
 			return
 		}
@@ -188,22 +187,6 @@ func mountPoints(dir string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
-}
-
-// unmountUnder detaches every mount at or under dir, top-most first.
-func unmountUnder(dir string) error {
-	for range 5 {
-		mounts, err := harness.MountsUnder(dir)
-		if err != nil || len(mounts) == 0 {
-			return err
-		}
-		sort.Slice(mounts, func(i, j int) bool { return mounts[i].ID > mounts[j].ID })
-		for _, m := range mounts {
-			_ = unix.Unmount(m.MountPoint, unix.MNT_DETACH)
-		}
-	}
-	left, _ := harness.MountsUnder(dir)
-	return fmt.Errorf("%d mounts remain", len(left))
 }
 
 // remapLabels are the labels containerd sends for a user-namespaced

@@ -15,6 +15,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // TestDiskFullMidUnpack runs the daemon on a small tmpfs, fills it through
@@ -121,7 +123,7 @@ func TestDiskFullMidUnpack(t *testing.T) {
 	if err := d.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := unmountUnder(d.Root); err != nil {
+	if err := harness.UnmountUnder(d.Root); err != nil {
 		t.Fatal(err)
 	}
 }

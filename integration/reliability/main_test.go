@@ -17,11 +17,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelper())
 	}
-	code := m.Run()
-	if err := closeEnv(code != 0); err != nil {
-		fmt.Fprintf(os.Stderr, "harness teardown: %v\n", err)
-		code = 1
-	}
+	code := shared.Close(m.Run())
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
