@@ -65,7 +65,8 @@ type Config struct {
 	MemoryChains, MemoryChainLength, MemoryActives, MemoryMappings int
 	// UnpackConcurrency is containerd's transfer-service
 	// max_concurrent_unpacks on releases that have it (parallel unpack
-	// needs it above 1 and the snapshotter's "rebase" capability).
+	// needs it above 1 and the snapshotter's "rebase" capability, which
+	// grouped-snapshotter does not declare: it unpacks sequentially).
 	UnpackConcurrency int
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`

@@ -38,8 +38,9 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 	// mount call in GC (its mapping is held).
 	extra := ""
 	// containerd 2.0 unpacks one layer after the other; later releases
-	// unpack in parallel for snapshotters with "rebase" once the transfer
-	// service may run more than one unpack at a time (default 1).
+	// unpack in parallel for snapshotters with "rebase" (overlayfs, not
+	// grouped) once the transfer service may run more than one unpack at
+	// a time (default 1).
 	if version != harness.ContainerdV2_0 && cfg.UnpackConcurrency > 1 {
 		extra += fmt.Sprintf("[plugins.'io.containerd.transfer.v1.local']\n  max_concurrent_unpacks = %d\n", cfg.UnpackConcurrency)
 	}

@@ -244,7 +244,7 @@ func TestCheckReportsBrokenContainerdConfig(t *testing.T) {
 [proxy_plugins.grouped]
   type = "snapshot"
   address = "/run/gs.sock"
-  capabilities = ["remap-ids", "rebase"]
+  capabilities = ["remap-ids"]
   [proxy_plugins.grouped.exports]
     root = "/var/lib/gs"
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
@@ -258,8 +258,8 @@ func TestCheckReportsBrokenContainerdConfig(t *testing.T) {
 	}{
 		{"good", good, map[string]preflight.Status{"containerd-config": preflight.OK, "containerd-unpack": preflight.OK}, ""},
 		{"wrong socket", strings.Replace(good, "/run/gs.sock", "/run/other.sock", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, `"/run/other.sock"`},
-		{"missing remap-ids", strings.Replace(good, `"remap-ids", `, "", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, "remap-ids"},
-		{"missing rebase", strings.Replace(good, `, "rebase"`, "", 1), map[string]preflight.Status{"containerd-config": preflight.Warn}, "rebase"},
+		{"missing remap-ids", strings.Replace(good, `"remap-ids"`, "", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, "remap-ids"},
+		{"stale rebase", strings.Replace(good, `"remap-ids"]`, `"remap-ids", "rebase"]`, 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, `declare "rebase"`},
 		{"wrong exports.root", strings.Replace(good, "/var/lib/gs", "/var/lib/x", 1), map[string]preflight.Status{"containerd-config": preflight.Fail}, "exports.root"},
 		{"no proxy plugin", "version = 3\n", map[string]preflight.Status{"containerd-config": preflight.Fail}, "no [proxy_plugins.grouped]"},
 		{"no unpack_config", good[:strings.Index(good, "[[plugins")], map[string]preflight.Status{"containerd-unpack": preflight.Fail}, "unpack platforms"},
@@ -294,7 +294,7 @@ func TestCheckFollowsImports(t *testing.T) {
 		t.Fatal(err)
 	}
 	main := "version = 3\nimports = [\"" + filepath.Join(dir, "conf.d") + "/*.toml\"]\n"
-	drop := "version = 3\n[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = \"/s\"\n  capabilities = [\"remap-ids\", \"rebase\"]\n  [proxy_plugins.grouped.exports]\n    root = \"/r\"\n"
+	drop := "version = 3\n[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = \"/s\"\n  capabilities = [\"remap-ids\"]\n  [proxy_plugins.grouped.exports]\n    root = \"/r\"\n"
 	os.WriteFile(filepath.Join(dir, "config.toml"), []byte(main), 0o644)
 	os.WriteFile(filepath.Join(dir, "conf.d", "gs.toml"), []byte(drop), 0o644)
 	results := preflight.CheckContainerdConfig(preflight.Options{Name: "grouped", Root: "/r", Address: "/s", ContainerdConfig: filepath.Join(dir, "config.toml")})

@@ -159,8 +159,10 @@ version = 3
   type = "snapshot"
   address = "$SOCKET"
   # remap-ids: user-namespace mappings go to the snapshotter (one view per
-  # mapping) instead of a chown copy; rebase: parallel layer unpack.
-  capabilities = ["remap-ids", "rebase"]
+  # mapping) instead of a chown copy. Never "rebase": containerd's parallel
+  # unpack would lose whiteouts and parent directories' owners, and the
+  # daemon refuses its rebasing commits.
+  capabilities = ["remap-ids"]
   [proxy_plugins.grouped.exports]
     # kubelet reports image filesystem usage from here.
     root = "$ROOT"

@@ -162,6 +162,9 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	if !caps["remap-ids"] {
 		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a view`)
 	}
+	if caps["rebase"] {
+		problems = append(problems, `capabilities declare "rebase": containerd then unpacks layers in parallel without their parents, which loses whiteouts and parent directories' owners, and grouped-snapshotter refuses those commits, so such pulls fail; remove "rebase"`)
+	}
 	exports, _ := proxy["exports"].(map[string]any)
 	if root, _ := exports["root"].(string); filepath.Clean(root) != filepath.Clean(o.Root) {
 		problems = append(problems, fmt.Sprintf("exports.root is %q, want %q (kubelet's image filesystem stats)", root, o.Root))
@@ -169,15 +172,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	if len(problems) > 0 {
 		add("containerd-config", Fail, "[proxy_plugins.%s] in %s: %s", o.Name, files, strings.Join(problems, "; "))
 	} else {
-		warn := ""
-		if !caps["rebase"] {
-			warn = ` (without "rebase" containerd unpacks layers one at a time)`
-		}
-		status := OK
-		if warn != "" {
-			status = Warn
-		}
-		add("containerd-config", status, "[proxy_plugins.%s] points at %s with remap-ids and exports.root%s", o.Name, o.Address, warn)
+		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
 	for _, u := range cfg.unpack {
 		if s, _ := u["snapshotter"].(string); s == o.Name {

@@ -405,11 +405,30 @@ func (s *Snapshotter) releaseViewsOf(ctx context.Context, tx *bolt.Tx, id string
 	return nil
 }
 
-// Commit turns an active snapshot into a committed one named name. A
-// snapshots.WithParent option rebases it onto that parent.
+// Commit turns an active snapshot into a committed one named name.
+//
+// It refuses to rebase (a snapshots.WithParent naming a parent other than
+// the snapshot's own), and the snapshotter does not declare containerd's
+// "rebase" capability. containerd rebases only in its parallel unpack,
+// which prepares each layer without its parent and applies the layer's tar
+// into that parentless directory: the applier cannot see the lower layers,
+// so a directory the tar does not list is created 0755 root:root over the
+// lower layer's owner and mode, and a whiteout written into a bind mount
+// deletes nothing and leaves no trace, so a file the image deleted comes
+// back. Nothing the snapshotter sees at Commit can tell those directories
+// and whiteouts apart from real ones, so such a layer cannot be made right
+// afterwards; sequential unpack (each layer prepared on its parent) gives
+// the image's exact tree. A containerd configured with a stale "rebase"
+// capability therefore gets a clear error here, never a different tree.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	if err := checkKey("snapshot name", name); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	var requested snapshots.Info
+	for _, opt := range opts {
+		if err := opt(&requested); err != nil {
+			return fmt.Errorf("commit %q as %q: %w", key, name, err)
+		}
 	}
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
@@ -418,6 +437,11 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		}
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+		}
+		if requested.Parent != "" && requested.Parent != info.Parent {
+			return fmt.Errorf("rebase onto parent %q refused (the snapshot's parent is %q): grouped-snapshotter does not support containerd's parallel unpack, "+
+				"whose parentless layers lose whiteouts and parent directories' owners; remove \"rebase\" from the capabilities of its [proxy_plugins] entry in containerd's config: %w",
+				requested.Parent, info.Parent, errdefs.ErrNotImplemented)
 		}
 		dir, err := s.layerPath(id)
 		if err != nil {

@@ -34,10 +34,12 @@ type Containerd struct {
 
 // configParams are the inputs of the generated containerd config.
 type configParams struct {
-	dir            string // scratch for opt/, tmp/, shim sockets
-	snapshotter    string // unpack snapshotter for the transfer service
-	proxyAddress   string // grouped-snapshotter socket; "" registers no proxy
-	proxyRoot      string
+	dir          string // scratch for opt/, tmp/, shim sockets
+	snapshotter  string // unpack snapshotter for the transfer service
+	proxyAddress string // grouped-snapshotter socket; "" registers no proxy
+	proxyRoot    string
+	// capabilities are the proxy plugin's declared capabilities.
+	capabilities   []string
 	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
 	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd 2.0 reads them
 	containerdRoot string
@@ -91,7 +93,11 @@ func renderConfig(p configParams) string {
 	}
 	if p.proxyAddress != "" {
 		fmt.Fprintf(&b, "[proxy_plugins.grouped]\n  type = \"snapshot\"\n  address = %s\n", q(p.proxyAddress))
-		fmt.Fprintf(&b, "  capabilities = [\"remap-ids\", \"rebase\"]\n")
+		caps := make([]string, len(p.capabilities))
+		for i, c := range p.capabilities {
+			caps[i] = q(c)
+		}
+		fmt.Fprintf(&b, "  capabilities = [%s]\n", strings.Join(caps, ", "))
 		fmt.Fprintf(&b, "  [proxy_plugins.grouped.exports]\n    root = %s\n\n", q(p.proxyRoot))
 	}
 	fmt.Fprintf(&b, "[plugins.'io.containerd.internal.v1.opt']\n  path = %s\n\n", q(filepath.Join(p.dir, "opt")))

@@ -52,7 +52,16 @@ type Options struct {
 	// installer drops its registration, as on a node whose
 	// /etc/containerd/config.toml imports conf.d.
 	ContainerdImports bool
+	// SnapshotterCapabilities are the capabilities containerd's config
+	// declares for the grouped proxy plugin; nil means ProxyCapabilities,
+	// what the installer declares. A test sets "rebase" to check that a
+	// stale registration fails clearly instead of unpacking a wrong tree.
+	SnapshotterCapabilities []string
 }
+
+// ProxyCapabilities are the capabilities the installer declares for the
+// grouped proxy plugin. Not "rebase": see snapshot.Commit.
+var ProxyCapabilities = []string{"remap-ids"}
 
 // Env is one private registry + grouped-snapshotter + containerd.
 type Env struct {
@@ -77,7 +86,9 @@ type Env struct {
 	withCRI   bool
 	extraTOML string
 	imports   bool
-	closed    bool
+	// capabilities of the grouped proxy plugin in containerd's config.
+	capabilities []string
+	closed       bool
 }
 
 // Start builds and starts everything. On failure it removes what it made.
@@ -124,6 +135,10 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		withCRI:         opts.CRI,
 		extraTOML:       opts.ContainerdConfig,
 		imports:         opts.ContainerdImports,
+		capabilities:    opts.SnapshotterCapabilities,
+	}
+	if e.capabilities == nil {
+		e.capabilities = ProxyCapabilities
 	}
 	defer func() {
 		if err != nil {
@@ -216,6 +231,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	p.grpcTopLevel = e.ContainerdVersion == ContainerdV2_0
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
+		p.capabilities = e.capabilities
 	}
 	p.extra = e.extraTOML
 	if e.imports {

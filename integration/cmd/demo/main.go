@@ -75,7 +75,7 @@ func run(ctx context.Context, snapshotter string, layers int, verbose bool) (err
 		d.say("snapshotter  %s (root %s)", s.Address, s.Root)
 	}
 	d.say("containerd   %s, namespace %s", env.Containerd.Address, env.Namespace)
-	d.say("             registered as proxy plugin %q with capabilities remap-ids, rebase", snapshotter)
+	d.say("             registered as proxy plugin %q with capability remap-ids", snapshotter)
 	d.done()
 
 	d.step("Building a %d-layer busybox image with crane", layers)
