@@ -28,7 +28,7 @@ type Views struct {
 	dir    string
 
 	mu      sync.Mutex
-	locks   map[string]*sync.Mutex
+	locks   map[string]*nameLock
 	mounted map[string]string // name -> mapping.String() of a verified view
 
 	// Syscalls counts the mount-family syscalls Views made.
@@ -65,7 +65,7 @@ func NewViews(layers, dir string) (*Views, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create views directory %q: %w", dir, err)
 	}
-	v := &Views{layers: layers, dir: dir, locks: map[string]*sync.Mutex{}, mounted: map[string]string{}}
+	v := &Views{layers: layers, dir: dir, locks: map[string]*nameLock{}, mounted: map[string]string{}}
 	isMount, err := IsMountPoint(dir)
 	if err != nil {
 		return nil, err
@@ -92,25 +92,47 @@ func (v *Views) Path(name string) string { return filepath.Join(v.dir, name) }
 // Syscalls returns the number of mount-family syscalls made so far.
 func (v *Views) Syscalls() uint64 { return v.syscalls.Load() }
 
-func (v *Views) lock(name string) func() {
+// nameLock serialises the kernel work on one view name; it lives in
+// Views.locks while anyone holds or waits for it.
+type nameLock struct {
+	sync.Mutex
+	refs int
+}
+
+// Lock takes the lock of view name and returns its unlock. Callers that
+// check state elsewhere (a registry) before acting on the name hold it
+// across both, and use EnsureLocked and RemoveLocked.
+func (v *Views) Lock(name string) (unlock func()) {
 	v.mu.Lock()
 	l, ok := v.locks[name]
 	if !ok {
-		l = &sync.Mutex{}
+		l = &nameLock{}
 		v.locks[name] = l
 	}
+	l.refs++
 	v.mu.Unlock()
 	l.Lock()
-	return l.Unlock
+	return func() {
+		l.Unlock()
+		v.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(v.locks, name)
+		}
+		v.mu.Unlock()
+	}
 }
 
 // Ensure makes sure the view of mapping m is mounted at name: it reuses a
 // view already there (also one a previous run of the daemon made) when its
 // idmapping is m, replaces one that is not, and creates a missing one.
 func (v *Views) Ensure(name string, m *idmap.Mapping) error {
-	unlock := v.lock(name)
+	unlock := v.Lock(name)
 	defer unlock()
+	return v.EnsureLocked(name, m)
+}
 
+// EnsureLocked is Ensure for a caller holding Lock(name).
+func (v *Views) EnsureLocked(name string, m *idmap.Mapping) error {
 	want := m.String()
 	v.mu.Lock()
 	have, known := v.mounted[name]
@@ -186,10 +208,13 @@ func mountIDMapped(src, target string, m *idmap.Mapping, calls *SyscallCounter) 
 // directory. Running containers keep working: their overlays hold their own
 // references to the layers.
 func (v *Views) Remove(name string) error {
-	unlock := v.lock(name)
+	unlock := v.Lock(name)
 	defer unlock()
 	return v.unmountLocked(name)
 }
+
+// RemoveLocked is Remove for a caller holding Lock(name).
+func (v *Views) RemoveLocked(name string) error { return v.unmountLocked(name) }
 
 func (v *Views) unmountLocked(name string) error {
 	path := v.Path(name)

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,6 +85,9 @@ type Snapshotter struct {
 	options []string
 	views   *mountgroup.Views // nil in shim mode
 	startup StartupReport
+	// nextView is the next view name (base 36) this process hands out;
+	// names are never handed out twice (see views.go).
+	nextView atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -159,6 +163,14 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
+	// A newer build's metadata is refused before anything is written,
+	// views directory included.
+	if err := (&Snapshotter{ms: ms}).withTx(context.Background(), false, func(_ context.Context, tx *bolt.Tx) error {
+		return checkFormat(tx, dbPath)
+	}); err != nil {
+		ms.Close()
+		return nil, err
+	}
 	options := append([]string{}, cfg.MountOptions...)
 	if !hasOption(options, "index") && supportsIndex() {
 		options = append(options, "index=off")
@@ -170,6 +182,12 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 			return nil, err
 		}
 	}
+	next, err := s.migrateFormat(context.Background())
+	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	s.nextView.Store(next)
 	if err := s.reconcile(context.Background()); err != nil {
 		ms.Close()
 		return nil, err
@@ -331,6 +349,23 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 // Mounts returns the mount of an active or view snapshot. In view mode it
 // makes the mapping's view if it is missing (after a reboot, say).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
+	for attempt := 0; ; attempt++ {
+		m, err := s.mountsOnce(ctx, key)
+		if errors.Is(err, errViewChanged) && attempt < maxViewAttempts {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("mounts of %q: %w", key, err)
+		}
+		return m, nil
+	}
+}
+
+// maxViewAttempts bounds how often a call starts over because the view
+// registry changed under it; each change is another call's progress.
+const maxViewAttempts = 100
+
+func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount, error) {
 	var (
 		snap     storage.Snapshot
 		mapping  *idmap.Mapping
@@ -354,28 +389,135 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+		return nil, err
+	}
+	if testHooks.mountsBeforeView != nil {
+		testHooks.mountsBeforeView()
 	}
 	if s.needsView(snap, mapping) && !isUser {
-		// Made in shim mode, before the switch to views: register it now.
-		err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-			viewName, _, err = useView(tx, mapping, snap.ID)
-			return err
+		// Made in shim mode, before the switch to views: register it now,
+		// if it still exists.
+		viewName, err = s.withView(ctx, mapping, func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error {
+			now, err := storage.GetSnapshot(ctx, key)
+			if err != nil {
+				return err
+			}
+			if now.ID != snap.ID {
+				return fmt.Errorf("snapshot was replaced meanwhile: %w", errViewChanged)
+			}
+			if err := useView(tx, mapping, snap.ID, name, isNew); err != nil {
+				return fmt.Errorf("register view: %w", err)
+			}
+			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("mounts of %q: register view: %w", key, err)
+			return nil, err
+		}
+	} else if viewName != "" {
+		registered, err := s.settleView(ctx, viewName, mapping)
+		if err != nil {
+			return nil, err
+		}
+		if !registered {
+			// The mapping's last user is gone: so is this snapshot, unless it
+			// was removed and made again, which the next attempt sees.
+			return nil, fmt.Errorf("view %q: %w", viewName, errViewChanged)
 		}
 	}
-	if viewName != "" {
-		if err := s.views.Ensure(viewName, mapping); err != nil {
-			return nil, fmt.Errorf("mounts of %q: %w", key, err)
-		}
-	}
-	m, err := s.mounts(snap, mapping, viewName)
+	return s.mounts(snap, mapping, viewName)
+}
+
+// settleView makes what is mounted at view name agree with the registry,
+// under the name's lock: the view of m is mounted (made if missing) when the
+// registry gives name to m, and nothing is mounted there otherwise. It
+// reports whether name is m's view. Reading the registry after taking the
+// lock orders this call against a removal's unmount (done under the lock
+// after its commit), so a view is never left mounted for a mapping that has
+// lost it, nor unmounted under a mapping that holds it.
+func (s *Snapshotter) settleView(ctx context.Context, name string, m *idmap.Mapping) (registered bool, err error) {
+	unlock := s.views.Lock(name)
+	defer unlock()
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		registered = registeredViews(tx)[name] == m.String()
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("mounts of %q: %w", key, err)
+		return false, err
 	}
-	return m, nil
+	if registered {
+		return true, s.views.EnsureLocked(name, m)
+	}
+	return false, s.views.RemoveLocked(name)
+}
+
+// dropView unmounts view name once the registry no longer has it.
+func (s *Snapshotter) dropView(ctx context.Context, name string) {
+	unlock := s.views.Lock(name)
+	defer unlock()
+	var registered bool
+	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		_, registered = registeredViews(tx)[name]
+		return nil
+	})
+	if err == nil && !registered {
+		err = s.views.RemoveLocked(name)
+		if err == nil {
+			log.G(ctx).WithField("view", name).Debug("removed view: its last snapshot is gone")
+		}
+	}
+	if err != nil {
+		// Reconciliation at the next start removes it.
+		log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused view")
+	}
+}
+
+// withView runs register in a write transaction with the name of m's view,
+// mounted: the registered one, or a new one made for it before the
+// transaction, so that no kernel work holds every other writer up.
+// isNew tells register that name is new, for m to take if it still has no
+// view. register returns errViewChanged (wrapped or not) when the registry
+// changed since the name was chosen; withView then starts over, and a view
+// it made goes. It returns the name used.
+func (s *Snapshotter) withView(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
+	for attempt := 0; ; attempt++ {
+		var name string
+		err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+			name, _ = viewOf(tx, m, "")
+			return nil
+		})
+		if err != nil {
+			return "", err
+		}
+		made := false
+		if name == "" {
+			name = strconv.FormatUint(s.nextView.Add(1)-1, 36)
+			unlock := s.views.Lock(name)
+			err = s.views.EnsureLocked(name, m)
+			unlock()
+			if err != nil {
+				s.dropView(ctx, name)
+				return "", err
+			}
+			made = true
+		} else if ok, err := s.settleView(ctx, name, m); err != nil {
+			return "", err
+		} else if !ok {
+			continue
+		}
+		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+			return register(ctx, tx, name, made)
+		})
+		if err == nil {
+			return name, nil
+		}
+		if made {
+			// Never registered: this process alone knows the name.
+			s.dropView(ctx, name)
+		}
+		if !errors.Is(err, errViewChanged) || attempt >= maxViewAttempts {
+			return "", err
+		}
+	}
 }
 
 // needsView reports whether snap's layers are shown through an idmapped
@@ -384,25 +526,14 @@ func (s *Snapshotter) needsView(snap storage.Snapshot, mapping *idmap.Mapping) b
 	return s.views != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
-// releaseViewsOf drops snapshot id from the view registry inside tx and
-// unmounts the views left without users before tx commits: a create that
-// picks the same name later must find it free. If the commit then fails the
-// view is simply made again when next needed.
-func (s *Snapshotter) releaseViewsOf(ctx context.Context, tx *bolt.Tx, id string) error {
-	// Shim mode keeps the registry right too, for a later switch to views.
-	freed, err := releaseViews(tx, id)
-	if err != nil || s.views == nil {
-		return err
+// dropViewsAfter unmounts the views that a committed transaction freed.
+func (s *Snapshotter) dropViewsAfter(ctx context.Context, freed []string) {
+	if s.views == nil {
+		return
 	}
 	for _, name := range freed {
-		if err := s.views.Remove(name); err != nil {
-			// Reconciliation at the next start removes it.
-			log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused view")
-		} else {
-			log.G(ctx).WithField("view", name).Debug("removed view: its last snapshot is gone")
-		}
+		s.dropView(ctx, name)
 	}
-	return nil
 }
 
 // Commit turns an active snapshot into a committed one named name.
@@ -430,6 +561,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 			return fmt.Errorf("commit %q as %q: %w", key, name, err)
 		}
 	}
+	var freed []string
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
@@ -454,12 +586,15 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
 			return err
 		}
-		// A committed layer is never mounted through a view.
-		return s.releaseViewsOf(ctx, tx, id)
+		// A committed layer is never mounted through a view. Shim mode
+		// keeps the registry right too, for a later switch to views.
+		freed, err = releaseViews(tx, id)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
+	s.dropViewsAfter(ctx, freed)
 	return nil
 }
 
@@ -467,16 +602,21 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 // and its directories after: a crash in between leaves only orphaned
 // directories, which Cleanup removes, never metadata without files.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
-	var id string
+	var (
+		id    string
+		freed []string
+	)
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if id, _, err = storage.Remove(ctx, key); err != nil {
 			return err
 		}
-		return s.releaseViewsOf(ctx, tx, id)
+		freed, err = releaseViews(tx, id)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
 	}
+	s.dropViewsAfter(ctx, freed)
 	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
 		path, err := dir(id)
 		if err != nil {
@@ -524,29 +664,13 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return nil, err
 	}
 
-	var (
-		made   []string // directories to remove if the transaction fails
-		result []mount.Mount
-	)
-	defer func() {
-		if retErr == nil {
-			return
-		}
-		for _, dir := range made {
-			if err := os.RemoveAll(dir); err != nil {
-				log.G(ctx).WithError(err).WithField("path", dir).Error("failed to remove directory of a failed snapshot creation")
-			}
-		}
-	}()
-	var newView string // a view made for this snapshot alone, undone on failure
-	defer func() {
-		if retErr != nil && newView != "" {
-			if err := s.views.Remove(newView); err != nil {
-				log.G(ctx).WithError(err).WithField("view", newView).Warn("failed to remove view of a failed snapshot creation")
-			}
-		}
-	}()
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	var result []mount.Mount
+	// build runs in the write transaction. It cleans up after itself
+	// before returning an error, while the transaction is still open: its
+	// rollback frees the snapshot's ID, and a creation that takes the ID
+	// next must find nothing of this one, nor lose its own directories to
+	// a late cleanup.
+	build := func(ctx context.Context, tx *bolt.Tx, viewName string, isNew bool) (err error) {
 		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
 		if err != nil {
 			return err
@@ -554,6 +678,17 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
 			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
+		var made []string
+		defer func() {
+			if err == nil {
+				return
+			}
+			for _, dir := range made {
+				if rerr := os.RemoveAll(dir); rerr != nil {
+					log.G(ctx).WithError(rerr).WithField("path", dir).Error("failed to remove directory of a failed snapshot creation, left for cleanup")
+				}
+			}
+		}()
 		// A view of layers needs no directory of its own; a view of nothing
 		// binds an empty one, as containerd's overlayfs does.
 		if kind == snapshots.KindActive || len(snap.ParentIDs) == 0 {
@@ -562,30 +697,35 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 				return err
 			}
 		}
-		var viewName string
-		if s.needsView(snap, mapping) {
-			var created bool
-			if viewName, created, err = useView(tx, mapping, snap.ID); err != nil {
-				return fmt.Errorf("register view: %w", err)
-			}
-			// Mount the view inside the transaction: creations are
-			// serialised by it, so a freed name is never raced for.
-			if err := s.views.Ensure(viewName, mapping); err != nil {
+		if testHooks.createInTx != nil {
+			if err := testHooks.createInTx(); err != nil {
 				return err
 			}
-			if created {
-				newView = viewName
+		}
+		if viewName != "" {
+			if err := useView(tx, mapping, snap.ID, viewName, isNew); err != nil {
+				return err
 			}
 		}
 		// Build and check the mount now, so a chain the kernel cannot mount
 		// fails here rather than at container start.
 		result, err = s.mounts(snap, mapping, viewName)
 		return err
-	})
+	}
+	if s.views != nil && mapping != nil && parent != "" {
+		// The view is made, if new, before the transaction (see withView).
+		_, err = s.withView(ctx, mapping, build)
+	} else {
+		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+			return build(ctx, tx, "", false)
+		})
+	}
 	if err != nil {
+		if testHooks.createFailed != nil {
+			testHooks.createFailed()
+		}
 		return nil, err
 	}
-	newView = ""
 	return result, nil
 }
 
@@ -722,22 +862,36 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 
 // RemoveOrphans removes what Orphans lists and returns the directories it
 // removed, logging each one. It removes all it can and reports every failure.
+//
+// It lists and removes within one write transaction: an orphan's name is a
+// snapshot ID that no committed transaction holds, and a creation could
+// take that ID, and make its directory there, the moment the transaction
+// ended.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
-	orphans, err := s.Orphans(ctx)
-	if err != nil {
-		return nil, err
-	}
 	var (
 		removed []string
 		errs    []error
 	)
-	for _, dir := range orphans {
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, fmt.Errorf("remove orphan %q: %w", dir, err))
-			continue
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		orphans, err := s.orphans(ctx)
+		if err != nil {
+			return err
 		}
-		log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
-		removed = append(removed, dir)
+		if testHooks.orphansListed != nil {
+			testHooks.orphansListed()
+		}
+		for _, dir := range orphans {
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, fmt.Errorf("remove orphan %q: %w", dir, err))
+				continue
+			}
+			log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
+			removed = append(removed, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
 	if len(errs) > 0 {
 		return removed, fmt.Errorf("cleanup: %w", errors.Join(errs...))
@@ -749,33 +903,41 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
 	var orphans []string
 	// A write transaction keeps creations and removals out while scanning.
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		ids, err := storage.IDMap(ctx)
-		if err != nil && !errdefs.IsNotFound(err) {
-			// NotFound: a new metadata file, without a snapshot yet.
-			return err
-		}
-		for _, dir := range []string{layersDir, worksDir, tempDir} {
-			parent := filepath.Join(s.root, dir)
-			entries, err := os.ReadDir(parent)
-			if err != nil {
-				return fmt.Errorf("list %q: %w", parent, err)
-			}
-			for _, e := range entries {
-				if dir != tempDir {
-					if id, ok := idOfDirName(e.Name()); ok {
-						if _, live := ids[id]; live {
-							continue
-						}
-					}
-				}
-				orphans = append(orphans, filepath.Join(parent, e.Name()))
-			}
-		}
-		return nil
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
+		orphans, err = s.orphans(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
+	}
+	return orphans, nil
+}
+
+// orphans lists, in the caller's write transaction, the directories under
+// l/, w/ and t/ that no snapshot owns.
+func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
+	ids, err := storage.IDMap(ctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		// NotFound: a new metadata file, without a snapshot yet.
+		return nil, err
+	}
+	var orphans []string
+	for _, dir := range []string{layersDir, worksDir, tempDir} {
+		parent := filepath.Join(s.root, dir)
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			return nil, fmt.Errorf("list %q: %w", parent, err)
+		}
+		for _, e := range entries {
+			if dir != tempDir {
+				if id, ok := idOfDirName(e.Name()); ok {
+					if _, live := ids[id]; live {
+						continue
+					}
+				}
+			}
+			orphans = append(orphans, filepath.Join(parent, e.Name()))
+		}
 	}
 	return orphans, nil
 }

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -19,13 +20,22 @@ import (
 // containerd's buckets, so that who uses which view changes in the same
 // transaction as the snapshots themselves:
 //
+//	grouped.v1/format                       metadata format (see format.go)
+//	grouped.v1/next-view                    next view name to hand out
 //	grouped.v1/views/<mapping>/name         short name of the view under v/
 //	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use the view
+//
+// A view name is never given to another mapping (format 2): a caller that
+// read a name and acts on it later (mounting the view, say) can at worst
+// act for a mapping that has meanwhile lost its view, never for another
+// mapping. Who may touch the mount at a name is settled under that name's
+// lock against the registry, in settleView.
 var (
 	bucketGrouped = []byte("grouped.v1")
 	bucketViews   = []byte("views")
 	bucketUsers   = []byte("users")
 	keyName       = []byte("name")
+	keyNextView   = []byte("next-view")
 )
 
 // withTx runs fn in a MetaStore transaction and hands it the bbolt
@@ -66,36 +76,47 @@ func viewsBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	return g.CreateBucketIfNotExists(bucketViews)
 }
 
-// useView records that snapshot id uses the view of m and returns the
-// view's name; created is true when the mapping had no view before.
-func useView(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, created bool, err error) {
+// errViewChanged says that the registry no longer holds what a caller
+// prepared a view for outside the transaction: the caller starts over.
+var errViewChanged = errors.New("view registry changed meanwhile")
+
+// useView records that snapshot id uses the view name of m. name is the
+// mapping's registered view, or, when isNew, a name never handed out before
+// whose view the caller has mounted for m, which m gets if it still has no
+// view. Anything else is errViewChanged.
+func useView(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 	views, err := viewsBucket(tx, true)
 	if err != nil {
-		return "", false, err
+		return err
 	}
 	key := []byte(m.String())
 	mb := views.Bucket(key)
-	if mb == nil {
-		name, err = freeViewName(views)
-		if err != nil {
-			return "", false, err
+	switch {
+	case (mb == nil) != isNew:
+		return errViewChanged
+	case mb == nil:
+		if _, taken := registeredViews(tx)[name]; taken {
+			// Reserved names are unique; this is a broken invariant, and
+			// sharing the name would show one mapping's files to another.
+			return fmt.Errorf("view name %q of new mapping %s is already registered: %w", name, m, errdefs.ErrFailedPrecondition)
 		}
 		if mb, err = views.CreateBucket(key); err != nil {
-			return "", false, err
+			return err
 		}
 		if err := mb.Put(keyName, []byte(name)); err != nil {
-			return "", false, err
+			return err
 		}
-		created = true
+		if err := raiseNextView(tx, name); err != nil {
+			return err
+		}
+	case string(mb.Get(keyName)) != name:
+		return errViewChanged
 	}
 	users, err := mb.CreateBucketIfNotExists(bucketUsers)
 	if err != nil {
-		return "", false, err
+		return err
 	}
-	if err := users.Put([]byte(id), nil); err != nil {
-		return "", false, err
-	}
-	return string(mb.Get(keyName)), created, nil
+	return users.Put([]byte(id), nil)
 }
 
 // viewOf returns the view name of m and whether snapshot id is one of its
@@ -111,6 +132,46 @@ func viewOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool)
 	}
 	users := mb.Bucket(bucketUsers)
 	return string(mb.Get(keyName)), users != nil && users.Get([]byte(id)) != nil
+}
+
+// parseViewName returns the number a view name stands for.
+func parseViewName(name string) (uint64, bool) {
+	n, err := strconv.ParseUint(name, 36, 64)
+	if err != nil || strconv.FormatUint(n, 36) != name {
+		return 0, false
+	}
+	return n, true
+}
+
+// nextViewName returns the stored lower bound of names never handed out.
+func nextViewName(tx *bolt.Tx) uint64 {
+	g := tx.Bucket(bucketGrouped)
+	if g == nil {
+		return 0
+	}
+	v := g.Get(keyNextView)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// raiseNextView makes sure name is below the stored next-view bound.
+func raiseNextView(tx *bolt.Tx, name string) error {
+	n, ok := parseViewName(name)
+	if !ok {
+		return fmt.Errorf("view name %q is not a base-36 number: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if n < nextViewName(tx) {
+		return nil
+	}
+	g, err := tx.CreateBucketIfNotExists(bucketGrouped)
+	if err != nil {
+		return err
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], n+1)
+	return g.Put(keyNextView, b[:])
 }
 
 // releaseViews drops snapshot id from every view's users and returns the
@@ -180,23 +241,6 @@ func registeredViews(tx *bolt.Tx) map[string]string {
 		return nil
 	})
 	return out
-}
-
-// freeViewName returns the smallest base-36 number no view uses: view
-// names appear in every lowerdir, so they are kept as short as possible.
-func freeViewName(views *bolt.Bucket) (string, error) {
-	used := map[string]bool{}
-	if err := views.ForEachBucket(func(k []byte) error {
-		used[string(views.Bucket(k).Get(keyName))] = true
-		return nil
-	}); err != nil {
-		return "", err
-	}
-	for n := uint64(0); ; n++ {
-		if name := strconv.FormatUint(n, 36); !used[name] {
-			return name, nil
-		}
-	}
 }
 
 // reconcileViews runs at start: it drops registry users whose snapshot no

@@ -1,0 +1,260 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+)
+
+// These tests replay, through testHooks, interleavings of concurrent calls
+// in which one call acts on a name (a view's, a snapshot directory's) that
+// another has meanwhile freed and a third reused.
+
+func resetHooks(t *testing.T) {
+	t.Cleanup(func() {
+		testHooks.mountsBeforeView = nil
+		testHooks.createInTx = nil
+		testHooks.createFailed = nil
+		testHooks.orphansListed = nil
+	})
+}
+
+// TestMountsNeverServesAnotherMappingsView: Mounts of a snapshot reads its
+// view's name; before it makes sure the view is mounted, the snapshot (its
+// mapping's last user) is removed and a snapshot of another mapping is
+// prepared. The other mapping's view must keep its own mapping.
+func TestMountsNeverServesAnotherMappingsView(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	resetHooks(t)
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "a", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	var b []mount.Mount
+	testHooks.mountsBeforeView = func() {
+		testHooks.mountsBeforeView = nil
+		if err := sn.Remove(ctx, "a"); err != nil {
+			t.Error(err)
+		}
+		var err error
+		if b, err = sn.Prepare(ctx, "b", top, remap("200000")); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := sn.Mounts(ctx, "a"); err != nil && !errdefs.IsNotFound(err) {
+		t.Errorf("mounts of a snapshot removed meanwhile: %v, want success or NotFound", err)
+	}
+	if b == nil {
+		t.Fatal("prepare of b failed")
+	}
+	lowers := lowerdirs(t, b[0])
+	if got := fileOwner(t, filepath.Join(lowers[0], "f002")); got != 200000 {
+		t.Errorf("b (mapping 0:200000) reads its layers as uid %d, want 200000: its view was replaced by another mapping's", got)
+	}
+	if got := viewMounts(t, sn); len(got) != 1 {
+		t.Errorf("views mounted: %v, want only b's", got)
+	}
+}
+
+// TestFailedCreateNeverRemovesAnothersDirectories: a creation fails after
+// making its directories; its transaction is rolled back, so its snapshot
+// ID is free again, and another creation takes it before the failed one
+// cleans up. The failed one must not remove the other's directories.
+func TestFailedCreateNeverRemovesAnothersDirectories(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	resetHooks(t)
+	injected := errors.New("injected failure")
+	testHooks.createInTx = func() error {
+		testHooks.createInTx = nil
+		return injected
+	}
+	testHooks.createFailed = func() {
+		testHooks.createFailed = nil
+		if _, err := sn.Prepare(ctx, "y", ""); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := sn.Prepare(ctx, "x", ""); !errors.Is(err, injected) {
+		t.Fatalf("prepare x: %v, want the injected failure", err)
+	}
+	m, err := sn.Mounts(ctx, "y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m[0].Source); err != nil {
+		t.Errorf("y's directory is gone after x's failed creation cleaned up: %v", err)
+	}
+	if _, err := sn.Stat(ctx, "x"); !errdefs.IsNotFound(err) {
+		t.Errorf("failed creation left snapshot x: %v", err)
+	}
+}
+
+// TestCleanupNeverRemovesNewSnapshots: an orphaned directory sits at the
+// name the next snapshot ID will take (a creation that crashed before its
+// commit). Cleanup lists it; a creation then takes the ID and makes its
+// directory there. Cleanup must not remove the new snapshot's directory.
+func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	resetHooks(t)
+	if _, err := sn.Prepare(ctx, "first", ""); err != nil {
+		t.Fatal(err)
+	}
+	next, _ := dirName("2")
+	orphan := filepath.Join(sn.LayersDir(), next)
+	if err := os.MkdirAll(filepath.Join(orphan, "left-by-a-crash"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	testHooks.orphansListed = func() {
+		testHooks.orphansListed = nil
+		go func() {
+			_, err := sn.Prepare(ctx, "z", "")
+			done <- err
+		}()
+		// Give the creation the chance to run now; if cleanup holds the
+		// metadata write lock it cannot, and runs after cleanup.
+		select {
+		case err := <-done:
+			done <- err
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	if _, err := sn.RemoveOrphans(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	m, err := sn.Mounts(ctx, "z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m[0].Source != orphan {
+		t.Fatalf("z is at %q, want the reused %q", m[0].Source, orphan)
+	}
+	if _, err := os.Stat(orphan); err != nil {
+		t.Errorf("cleanup removed new snapshot z's directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(orphan, "left-by-a-crash")); err == nil {
+		t.Errorf("z's directory still holds the crashed creation's files")
+	}
+}
+
+// TestMountsNeverRegistersRemovedSnapshot: a snapshot made in shim mode is
+// registered with its view at its first Mounts in view mode; if it is
+// removed in between, nothing may be registered or mounted for it.
+func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
+	requireRoot(t)
+	resetHooks(t)
+	root := filepath.Join(t.TempDir(), "root")
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := commitChain(t, shim, ctx, 2)
+	if _, err := shim.Prepare(ctx, "a", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	shim.Close()
+	sn, err := New(root, Config{IDMap: IDMapView})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sn.Close()
+		if err := sn.UnmountViews(); err != nil {
+			t.Error(err)
+		}
+	})
+	testHooks.mountsBeforeView = func() {
+		testHooks.mountsBeforeView = nil
+		if err := sn.Remove(ctx, "a"); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := sn.Mounts(ctx, "a"); err != nil && !errdefs.IsNotFound(err) {
+		t.Errorf("mounts of a snapshot removed meanwhile: %v, want success or NotFound", err)
+	}
+	views, err := sn.Views(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(views) != 0 {
+		t.Errorf("views registered for a removed snapshot: %+v", views)
+	}
+	if got := viewMounts(t, sn); len(got) != 0 {
+		t.Errorf("views mounted for a removed snapshot: %v", got)
+	}
+}
+
+// TestConcurrentMappingsKeepTheirViews runs creations, mounts and removals
+// of snapshots of a few mappings side by side (run it with -race): every
+// snapshot must read its layers through its own mapping, and when all are
+// removed no view is registered or mounted.
+func TestConcurrentMappingsKeepTheirViews(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	hosts := []uint32{100000, 200000, 300000}
+	const workers, rounds = 6, 15
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func(w int) {
+			errs <- func() error {
+				for r := 0; r < rounds; r++ {
+					host := hosts[(w+r)%len(hosts)]
+					key := fmt.Sprintf("w%d-r%d", w, r)
+					if _, err := sn.Prepare(ctx, key, top, remap(fmt.Sprint(host))); err != nil {
+						return err
+					}
+					m, err := sn.Mounts(ctx, key)
+					if err != nil {
+						return err
+					}
+					var lowers []string
+					for _, o := range m[0].Options {
+						if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+							lowers = strings.Split(v, ":")
+						}
+					}
+					st, err := os.Stat(filepath.Join(lowers[0], "f002"))
+					if err != nil {
+						return err
+					}
+					if uid := st.Sys().(*syscall.Stat_t).Uid; uid != host {
+						return fmt.Errorf("%s (mapping to %d) reads its layer as uid %d", key, host, uid)
+					}
+					if err := sn.Remove(ctx, key); err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+		}(w)
+	}
+	for w := 0; w < workers; w++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	views, err := sn.Views(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(views) != 0 {
+		t.Errorf("views registered after every snapshot was removed: %+v", views)
+	}
+	if got := viewMounts(t, sn); len(got) != 0 {
+		t.Errorf("views mounted after every snapshot was removed: %v", got)
+	}
+}
