@@ -729,34 +729,33 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	return result, nil
 }
 
-// makeDirs creates an active snapshot's upper and work directories in a
-// temporary directory and renames them into place, so a crash never leaves
-// a half-made directory under l/ that metadata points at.
-func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mapping *idmap.Mapping, withWork bool) ([]string, error) {
+// makeDirs creates a new snapshot's upper directory (and its work
+// directory when withWork) in place, and returns what it made.
+//
+// No temporary directory and rename are needed: the metadata transaction
+// that the caller commits afterwards is what publishes the directories. A
+// crash before that commit leaves directories no snapshot owns, which
+// Cleanup and the next start remove, and a failure inside the transaction
+// removes them before the rollback. Making them in place saves a pull a
+// temporary directory, two renames and a removal per layer, each among
+// thousands of siblings.
+func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mapping *idmap.Mapping, withWork bool) (made []string, err error) {
 	layer, err := s.layerPath(snap.ID)
 	if err != nil {
 		return nil, err
 	}
-	work, err := s.workPath(snap.ID)
-	if err != nil {
-		return nil, err
-	}
-	td, err := os.MkdirTemp(filepath.Join(s.root, tempDir), "new-")
-	if err != nil {
-		return nil, fmt.Errorf("create temporary directory: %w", err)
-	}
-	defer os.RemoveAll(td)
-	upperTmp, workTmp := filepath.Join(td, "fs"), filepath.Join(td, workDir)
-	if err := os.Mkdir(upperTmp, 0o755); err != nil {
-		return nil, err
-	}
-	moves := [][2]string{{upperTmp, layer}}
-	if withWork {
-		if err := os.Mkdir(workTmp, 0o711); err != nil {
-			return nil, err
+	defer func() {
+		if err != nil {
+			for _, dir := range made {
+				os.RemoveAll(dir)
+			}
+			made = nil
 		}
-		moves = append(moves, [2]string{workTmp, work})
+	}()
+	if err := mkdirFresh(layer, 0o755); err != nil {
+		return nil, err
 	}
+	made = append(made, layer)
 	uid, gid := -1, -1
 	switch {
 	case mapping != nil:
@@ -767,34 +766,50 @@ func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mappi
 		// containerd's overlayfs does.
 		parentDir, err := s.layerPath(snap.ParentIDs[0])
 		if err != nil {
-			return nil, err
+			return made, err
 		}
 		st, err := os.Stat(parentDir)
 		if err != nil {
-			return nil, fmt.Errorf("stat parent layer %q: %w", parentDir, err)
+			return made, fmt.Errorf("stat parent layer %q: %w", parentDir, err)
 		}
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && (sys.Uid != 0 || sys.Gid != 0) {
 			uid, gid = int(sys.Uid), int(sys.Gid)
 		}
 	}
 	if uid != -1 {
-		if err := os.Lchown(upperTmp, uid, gid); err != nil {
-			return nil, fmt.Errorf("chown upper to %d:%d: %w", uid, gid, err)
+		if err := os.Lchown(layer, uid, gid); err != nil {
+			return made, fmt.Errorf("chown upper %q to %d:%d: %w", layer, uid, gid, err)
 		}
 	}
-	// The ID was just allocated in this transaction; a directory already
-	// there is the leftover of a creation that crashed before its commit.
-	var made []string
-	for _, mv := range moves {
-		if err := os.RemoveAll(mv[1]); err != nil {
-			return made, fmt.Errorf("remove stale %q: %w", mv[1], err)
+	if withWork {
+		work, err := s.workPath(snap.ID)
+		if err != nil {
+			return made, err
 		}
-		if err := os.Rename(mv[0], mv[1]); err != nil {
-			return made, fmt.Errorf("move new snapshot directory into place: %w", err)
+		if err := mkdirFresh(work, 0o711); err != nil {
+			return made, err
 		}
-		made = append(made, mv[1])
+		made = append(made, work)
 	}
 	return made, nil
+}
+
+// mkdirFresh makes dir with mode perm (umask aside). A directory already
+// there is the leftover of a creation that crashed before its commit with
+// the same ID (IDs of uncommitted transactions are handed out again): it is
+// removed first.
+func mkdirFresh(dir string, perm os.FileMode) error {
+	err := os.Mkdir(dir, perm)
+	if errors.Is(err, os.ErrExist) {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("remove stale %q: %w", dir, err)
+		}
+		err = os.Mkdir(dir, perm)
+	}
+	if err != nil {
+		return fmt.Errorf("create snapshot directory: %w", err)
+	}
+	return nil
 }
 
 // mounts builds the one mount of a snapshot: a bind for a snapshot without
