@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
 )
 
 // viewAttrs are the attributes of every view: idmapped, and read-only,
@@ -27,8 +29,8 @@ type Views struct {
 	layers string
 	dir    string
 
+	locks   keyedmutex.Mutexes // one per view name
 	mu      sync.Mutex
-	locks   map[string]*nameLock
 	mounted map[string]string // name -> mapping.String() of a verified view
 
 	// Syscalls counts the mount-family syscalls Views made.
@@ -65,7 +67,7 @@ func NewViews(layers, dir string) (*Views, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create views directory %q: %w", dir, err)
 	}
-	v := &Views{layers: layers, dir: dir, locks: map[string]*nameLock{}, mounted: map[string]string{}}
+	v := &Views{layers: layers, dir: dir, mounted: map[string]string{}}
 	isMount, err := IsMountPoint(dir)
 	if err != nil {
 		return nil, err
@@ -92,35 +94,10 @@ func (v *Views) Path(name string) string { return filepath.Join(v.dir, name) }
 // Syscalls returns the number of mount-family syscalls made so far.
 func (v *Views) Syscalls() uint64 { return v.syscalls.Load() }
 
-// nameLock serialises the kernel work on one view name; it lives in
-// Views.locks while anyone holds or waits for it.
-type nameLock struct {
-	sync.Mutex
-	refs int
-}
-
 // Lock takes the lock of view name and returns its unlock. Callers that
 // check state elsewhere (a registry) before acting on the name hold it
 // across both, and use EnsureLocked and RemoveLocked.
-func (v *Views) Lock(name string) (unlock func()) {
-	v.mu.Lock()
-	l, ok := v.locks[name]
-	if !ok {
-		l = &nameLock{}
-		v.locks[name] = l
-	}
-	l.refs++
-	v.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		v.mu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(v.locks, name)
-		}
-		v.mu.Unlock()
-	}
-}
+func (v *Views) Lock(name string) (unlock func()) { return v.locks.Lock(name) }
 
 // Ensure makes sure the view of mapping m is mounted at name: it reuses a
 // view already there (also one a previous run of the daemon made) when its
@@ -181,9 +158,9 @@ func (v *Views) create(path string, m *idmap.Mapping) error {
 // The clone is not recursive: nothing is mounted under the layer parent,
 // and a recursive idmap would fail if something were.
 func mountIDMapped(src, target string, m *idmap.Mapping, calls *SyscallCounter) error {
-	userns, err := userNamespace(m)
+	userns, err := mount.GetUsernsFD(m.UIDLabelValue(), m.GIDLabelValue())
 	if err != nil {
-		return err
+		return fmt.Errorf("user namespace of %s: %w", m, err)
 	}
 	defer userns.Close()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)

@@ -258,3 +258,31 @@ func TestConcurrentMappingsKeepTheirViews(t *testing.T) {
 		t.Errorf("views mounted after every snapshot was removed: %v", got)
 	}
 }
+
+// TestConcurrentFirstUsesMakeOneView: containers of a new pod start side
+// by side; the first uses of their mapping make one view between them.
+func TestConcurrentFirstUsesMakeOneView(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	before := sn.MountSyscalls()
+	const n = 8
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			_, err := sn.Prepare(ctx, fmt.Sprintf("c%d", i), top, remap("700000"))
+			errs <- err
+		}(i)
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := viewMounts(t, sn); len(got) != 1 {
+		t.Errorf("views mounted: %v, want one", got)
+	}
+	// open_tree, mount_setattr, move_mount: once.
+	if calls := sn.MountSyscalls() - before; calls != 3 {
+		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one view", n, calls)
+	}
+}

@@ -38,6 +38,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
@@ -88,6 +89,8 @@ type Snapshotter struct {
 	// nextView is the next view name (base 36) this process hands out;
 	// names are never handed out twice (see views.go).
 	nextView atomic.Uint64
+	// mappingLocks serialise the first uses of each mapping.
+	mappingLocks keyedmutex.Mutexes
 
 	closeOnce sync.Once
 	closeErr  error
@@ -473,51 +476,81 @@ func (s *Snapshotter) dropView(ctx context.Context, name string) {
 
 // withView runs register in a write transaction with the name of m's view,
 // mounted: the registered one, or a new one made for it before the
-// transaction, so that no kernel work holds every other writer up.
-// isNew tells register that name is new, for m to take if it still has no
-// view. register returns errViewChanged (wrapped or not) when the registry
-// changed since the name was chosen; withView then starts over, and a view
-// it made goes. It returns the name used.
+// transaction, so that no kernel work holds every other writer up. First
+// uses of one mapping are serialised by a lock per mapping, so they make
+// one view between them. isNew tells register that name is new, for m to
+// take if it still has no view. register returns errViewChanged (wrapped or
+// not) when the registry changed since the name was chosen; withView then
+// starts over, and a view it made goes. It returns the name used.
 func (s *Snapshotter) withView(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
 	for attempt := 0; ; attempt++ {
-		var name string
-		err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-			name, _ = viewOf(tx, m, "")
-			return nil
-		})
+		name, err := s.viewName(ctx, m)
 		if err != nil {
 			return "", err
 		}
-		made := false
 		if name == "" {
-			name = strconv.FormatUint(s.nextView.Add(1)-1, 36)
-			unlock := s.views.Lock(name)
-			err = s.views.EnsureLocked(name, m)
-			unlock()
-			if err != nil {
-				s.dropView(ctx, name)
-				return "", err
-			}
-			made = true
-		} else if ok, err := s.settleView(ctx, name, m); err != nil {
-			return "", err
-		} else if !ok {
-			continue
+			name, err = s.firstUse(ctx, m, register)
+		} else {
+			err = s.useExisting(ctx, name, m, register)
 		}
-		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-			return register(ctx, tx, name, made)
-		})
 		if err == nil {
 			return name, nil
-		}
-		if made {
-			// Never registered: this process alone knows the name.
-			s.dropView(ctx, name)
 		}
 		if !errors.Is(err, errViewChanged) || attempt >= maxViewAttempts {
 			return "", err
 		}
 	}
+}
+
+// viewName returns the registered view name of m, "" if none.
+func (s *Snapshotter) viewName(ctx context.Context, m *idmap.Mapping) (name string, err error) {
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		name, _ = viewOf(tx, m, "")
+		return nil
+	})
+	return name, err
+}
+
+// firstUse makes a view of m under a new name and registers it through
+// register, holding m's lock throughout.
+func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
+	unlock := s.mappingLocks.Lock(m.String())
+	defer unlock()
+	// Another first use may have registered m's view while this one waited.
+	if name, err := s.viewName(ctx, m); err != nil || name != "" {
+		if err == nil {
+			err = errViewChanged
+		}
+		return "", err
+	}
+	name := strconv.FormatUint(s.nextView.Add(1)-1, 36)
+	unlockName := s.views.Lock(name)
+	err := s.views.EnsureLocked(name, m)
+	unlockName()
+	if err == nil {
+		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+			return register(ctx, tx, name, true)
+		})
+	}
+	if err != nil {
+		// Never registered: this process alone knows the name.
+		s.dropView(ctx, name)
+		return "", err
+	}
+	return name, nil
+}
+
+// useExisting settles m's registered view name and registers through
+// register.
+func (s *Snapshotter) useExisting(ctx context.Context, name string, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) error {
+	if ok, err := s.settleView(ctx, name, m); err != nil {
+		return err
+	} else if !ok {
+		return errViewChanged
+	}
+	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		return register(ctx, tx, name, false)
+	})
 }
 
 // needsView reports whether snap's layers are shown through an idmapped
