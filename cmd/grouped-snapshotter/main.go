@@ -52,6 +52,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "log-level", Usage: "trace, debug, info, warn or error (overrides log_level)"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 		&cli.StringFlag{Name: "metrics-address", Usage: `Prometheus endpoint: "host:port" or "unix:///path"; "" disables (overrides metrics_address)`},
+		&cli.StringFlag{Name: "pprof-address", Usage: `serve Go profiles (/debug/pprof/) on "host:port" or "unix:///path", for finding where time goes; off by default`},
 	}
 }
 

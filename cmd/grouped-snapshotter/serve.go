@@ -119,6 +119,11 @@ func serve(c *cli.Context) error {
 			return fmt.Errorf("serve metrics on %q: %w", cfg.MetricsAddress, err)
 		}
 	}
+	if addr := c.String("pprof-address"); addr != "" {
+		if err := servePprof(ctx, addr); err != nil {
+			return err
+		}
+	}
 	l, err := server.Listen(cfg.Address)
 	if err != nil {
 		return err
