@@ -584,6 +584,9 @@ func (s *Snapshotter) dropViewsAfter(ctx context.Context, freed []string) {
 // afterwards; sequential unpack (each layer prepared on its parent) gives
 // the image's exact tree. A containerd configured with a stale "rebase"
 // capability therefore gets a clear error here, never a different tree.
+// The error is a FailedPrecondition, not NotImplemented: containerd's
+// transfer service takes NotImplemented as "try another transferrer" and
+// would replace this message with its own.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	if err := checkKey("snapshot name", name); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
@@ -606,7 +609,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if requested.Parent != "" && requested.Parent != info.Parent {
 			return fmt.Errorf("rebase onto parent %q refused (the snapshot's parent is %q): grouped-snapshotter does not support containerd's parallel unpack, "+
 				"whose parentless layers lose whiteouts and parent directories' owners; remove \"rebase\" from the capabilities of its [proxy_plugins] entry in containerd's config: %w",
-				requested.Parent, info.Parent, errdefs.ErrNotImplemented)
+				requested.Parent, info.Parent, errdefs.ErrFailedPrecondition)
 		}
 		dir, err := s.layerPath(id)
 		if err != nil {
