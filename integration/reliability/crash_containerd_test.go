@@ -72,19 +72,47 @@ func TestSnapshotterKilledUnderUsernsContainers(t *testing.T) {
 		checkRunning(t, env, cs, when)
 		checkLayers(t, env, cs, layers, when)
 		checkViewsMatch(t, env, ours, users, when)
+		checkSameSnapshots(t, env, when)
 	}
 	check("before the kill")
 	views := mappedViews(t, env, ours)
 
-	// A user-namespaced start races the kill: whatever it got, it must
+	// A user-namespaced start with a new mapping races the kill: the
+	// daemon dies as soon as that mapping's view is mounted, inside or
+	// just after the Prepare of the container's snapshot, before
+	// containerd asks for its mounts. Whatever the start got, it must
 	// leave nothing behind once removed.
+	mountedBefore, err := viewMountNames(env.Snapshotter.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
 	raceID := fmt.Sprintf("rel-race-%d", idCount.Add(1))
 	raced := make(chan error, 1)
 	go func() {
 		_, err := env.Ctr(ctx, append(append([]string{"run", "-d", "--null-io", "--snapshotter", env.SnapshotterName}, userns(crashMapD)...), ref, raceID, "sleep", "3600")...)
 		raced <- err
 	}()
-	time.Sleep(150 * time.Millisecond)
+	killedAt := "after the racing start finished"
+	var raceErr error
+	raceDone := false
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		select {
+		case raceErr = <-raced:
+			raceDone = true
+		default:
+		}
+		now, err := viewMountNames(env.Snapshotter.Root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(now) > len(mountedBefore) && !raceDone {
+			killedAt = "as the racing start's view was mounted"
+			break
+		}
+		if raceDone {
+			break
+		}
+	}
 	pid := env.Snapshotter.PID()
 	if err := env.Snapshotter.Kill(); err != nil {
 		t.Fatal(err)
@@ -97,15 +125,26 @@ func TestSnapshotterKilledUnderUsernsContainers(t *testing.T) {
 	if err := env.Snapshotter.Start(ctx); err != nil {
 		t.Fatalf("restart the snapshotter after SIGKILL: %v", err)
 	}
-	raceErr := <-raced
+	if !raceDone {
+		raceErr = <-raced
+	}
 	t.Cleanup(func() { _ = env.RemoveContainer(context.Background(), raceID) })
-	t.Logf("snapshotter killed (pid %d) and restarted (pid %d) under %d running containers; the racing start %s",
-		pid, env.Snapshotter.PID(), len(running), outcome(raceErr))
+	t.Logf("snapshotter killed (pid %d) %s, and restarted (pid %d), under %d running containers; the racing start %s",
+		pid, killedAt, env.Snapshotter.PID(), len(running), outcome(raceErr))
 	if raceErr == nil {
 		// It started: it runs through a view of its own like the others.
 		running = append(running, ctrOf{runningContainer{id: raceID, userns: true}, crashMapD})
-	} else if err := env.RemoveContainer(ctx, raceID); err != nil {
-		t.Fatalf("remove the container whose start raced the kill: %v", err)
+	} else {
+		if err := env.RemoveContainer(ctx, raceID); err != nil {
+			t.Fatalf("remove the container whose start raced the kill: %v", err)
+		}
+		// A Prepare that committed but whose reply the kill lost is a
+		// snapshot containerd never recorded: its garbage collection
+		// removes it, with its view, at its next sweep of the
+		// snapshotter, which only a removal in containerd triggers.
+		orphans, _ := snapshotDiff(t, env)
+		sweepSnapshotter(t, env)
+		t.Logf("before containerd's sweep the daemon held %d snapshots containerd did not know: %v", len(orphans), orphans)
 	}
 	check("after the restart")
 	if after := mappedViews(t, env, ours); !sameViews(views, after, crashMapD) {
@@ -164,9 +203,12 @@ func outcome(err error) string {
 	if err == nil {
 		return "succeeded"
 	}
+	// Keep ctr's own message, not the command line or warnings.
 	msg := err.Error()
-	if i := strings.IndexByte(msg, '\n'); i >= 0 {
-		msg = msg[:i]
+	for _, line := range strings.Split(msg, "\n") {
+		if strings.HasPrefix(line, "ctr: ") {
+			msg = line
+		}
 	}
 	return "failed: " + msg
 }
@@ -292,4 +334,70 @@ func sameViews(before, after map[int]viewInfo, skip int) bool {
 	sort.Strings(a)
 	sort.Strings(b)
 	return slices.Equal(a, b)
+}
+
+// sweepSnapshotter makes containerd's garbage collection sweep the
+// snapshotter now, removing the snapshots it does not know: it sweeps a
+// snapshotter only after a snapshot of it was removed through containerd.
+func sweepSnapshotter(t *testing.T, env *harness.Env) {
+	t.Helper()
+	key := fmt.Sprintf("rel-sweep-%d", idCount.Add(1))
+	ctrOK(t, env, "snapshots", "--snapshotter", env.SnapshotterName, "prepare", key)
+	ctrOK(t, env, "snapshots", "--snapshotter", env.SnapshotterName, "rm", key)
+	if err := env.CollectGarbage(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkSameSnapshots checks that the daemon holds exactly the snapshots
+// containerd knows in the Env's namespace: none lost, none orphaned.
+func checkSameSnapshots(t *testing.T, env *harness.Env, when string) {
+	t.Helper()
+	if daemonOnly, containerdOnly := snapshotDiff(t, env); len(daemonOnly)+len(containerdOnly) > 0 {
+		t.Errorf("%s: the daemon holds snapshots containerd does not know: %v; containerd knows snapshots the daemon lost: %v", when, daemonOnly, containerdOnly)
+	}
+}
+
+// snapshotDiff compares the daemon's snapshots in the Env's namespace (the
+// admin CLI's ls) with those containerd knows (ctr snapshots ls).
+func snapshotDiff(t *testing.T, env *harness.Env) (daemonOnly, containerdOnly []string) {
+	t.Helper()
+	out, err := harness.Command{
+		Bin:     env.Snapshotter.Bin,
+		Args:    []string{"ls", "--json", "--address", env.Snapshotter.Address, "--config", env.Snapshotter.ConfigPath},
+		Timeout: time.Minute,
+	}.Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct{ Namespace, Key, Kind, Parent string }
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("ls --json: %v\n%s", err, out)
+	}
+	daemon, containerd := map[string]bool{}, map[string]bool{}
+	for _, r := range rows {
+		if r.Namespace == env.Namespace {
+			daemon[r.Key+" "+r.Parent+" "+r.Kind] = true
+		}
+	}
+	snaps, err := env.Snapshots(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps {
+		containerd[s.Key+" "+s.Parent+" "+s.Kind] = true
+	}
+	for k := range daemon {
+		if !containerd[k] {
+			daemonOnly = append(daemonOnly, k)
+		}
+	}
+	for k := range containerd {
+		if !daemon[k] {
+			containerdOnly = append(containerdOnly, k)
+		}
+	}
+	sort.Strings(daemonOnly)
+	sort.Strings(containerdOnly)
+	return daemonOnly, containerdOnly
 }
