@@ -27,6 +27,8 @@ type write struct {
 	key    string // the snapshot written (for commit: the active key)
 	name   string // commit: the committed name
 	parent string // prepare and view: the parent asked for
+	// mapping is the UID (and GID) mapping label of a prepare or view.
+	mapping string
 	// cut: sent before a kill and got no reply (not refused after it).
 	cut bool
 }
@@ -45,6 +47,16 @@ func (w write) String() string {
 type modelSnap struct {
 	kind   snapshots.Kind
 	parent string
+	// mapping is its UID mapping label, which must equal its GID one.
+	// Commit replaces labels (containerd's CommitActive): none here.
+	mapping string
+}
+
+func (s modelSnap) String() string {
+	if s.mapping != "" {
+		return fmt.Sprintf("%s on %q mapped %s", s.kind, s.parent, s.mapping)
+	}
+	return fmt.Sprintf("%s on %q", s.kind, s.parent)
 }
 
 // crashModel is guarded by crashRun.mu.
@@ -97,17 +109,24 @@ func (c *crashRun) write(w write, call func() error) error {
 	return err
 }
 
+// created is the snapshot a prepare or view makes.
+func (w write) created() modelSnap {
+	kind := snapshots.KindActive
+	if w.op == "view" {
+		kind = snapshots.KindView
+	}
+	return modelSnap{kind: kind, parent: w.parent, mapping: w.mapping}
+}
+
 func (m *crashModel) apply(w write) {
 	switch w.op {
-	case "prepare":
-		m.live[w.key] = modelSnap{snapshots.KindActive, w.parent}
-	case "view":
-		m.live[w.key] = modelSnap{snapshots.KindView, w.parent}
+	case "prepare", "view":
+		m.live[w.key] = w.created()
 	case "commit":
 		active := m.live[w.key]
 		delete(m.live, w.key)
 		m.gone[w.key] = true
-		m.live[w.name] = modelSnap{snapshots.KindCommitted, active.parent}
+		m.live[w.name] = modelSnap{kind: snapshots.KindCommitted, parent: active.parent}
 	case "remove":
 		delete(m.live, w.key)
 		m.gone[w.key] = true
@@ -120,7 +139,11 @@ func (m *crashModel) apply(w write) {
 func (c *crashRun) checkModel(ctx context.Context, k int) error {
 	served := map[string]modelSnap{}
 	err := c.d.sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-		served[info.Name] = modelSnap{info.Kind, info.Parent}
+		uid, gid := info.Labels[snapshots.LabelSnapshotUIDMapping], info.Labels[snapshots.LabelSnapshotGIDMapping]
+		if uid != gid {
+			return fmt.Errorf("snapshot %q maps UIDs %q but GIDs %q", info.Name, uid, gid)
+		}
+		served[info.Name] = modelSnap{info.Kind, info.Parent, uid}
 		return nil
 	})
 	if err != nil {
@@ -146,9 +169,9 @@ func (c *crashRun) checkModel(ctx context.Context, k int) error {
 		got, ok := served[key]
 		switch {
 		case !ok:
-			errs = append(errs, fmt.Errorf("acknowledged %s snapshot %q (parent %q) is gone after kill %d", want.kind, key, want.parent, k))
+			errs = append(errs, fmt.Errorf("acknowledged snapshot %q (%s) is gone after kill %d", key, want, k))
 		case got != want:
-			errs = append(errs, fmt.Errorf("acknowledged %s snapshot %q (parent %q) came back as %s on %q after kill %d", want.kind, key, want.parent, got.kind, got.parent, k))
+			errs = append(errs, fmt.Errorf("acknowledged snapshot %q (%s) came back as %s after kill %d", key, want, got, k))
 		}
 	}
 	for key := range served {
@@ -162,12 +185,8 @@ func (c *crashRun) checkModel(ctx context.Context, k int) error {
 		got, present := served[w.key]
 		switch w.op {
 		case "prepare", "view":
-			want := modelSnap{snapshots.KindActive, w.parent}
-			if w.op == "view" {
-				want.kind = snapshots.KindView
-			}
-			if present && got != want {
-				errs = append(errs, fmt.Errorf("interrupted %s: the snapshot is a %s on %q", w, got.kind, got.parent))
+			if want := w.created(); present && got != want {
+				errs = append(errs, fmt.Errorf("interrupted %s: the snapshot is %s, want %s", w, got, want))
 			}
 		case "commit":
 			committed, done := served[w.name]
@@ -176,8 +195,8 @@ func (c *crashRun) checkModel(ctx context.Context, k int) error {
 				errs = append(errs, fmt.Errorf("interrupted %s: both the active and the committed snapshot exist", w))
 			case !present && !done:
 				errs = append(errs, fmt.Errorf("interrupted %s: neither the active nor the committed snapshot exists", w))
-			case done && committed != (modelSnap{snapshots.KindCommitted, m.live[w.key].parent}):
-				errs = append(errs, fmt.Errorf("interrupted %s: committed as a %s on %q, want committed on %q", w, committed.kind, committed.parent, m.live[w.key].parent))
+			case done && committed != (modelSnap{kind: snapshots.KindCommitted, parent: m.live[w.key].parent}):
+				errs = append(errs, fmt.Errorf("interrupted %s: committed as %s, want committed on %q", w, committed, m.live[w.key].parent))
 			}
 		}
 		// A removal is whole by construction (one transaction, then

@@ -234,11 +234,14 @@ func (c *crashRun) op(ctx context.Context, w int, r *rand.Rand) error {
 	return nil
 }
 
-func (c *crashRun) options(r *rand.Rand) []snapshots.Opt {
+// options returns the options of a new snapshot and its UID mapping label
+// ("" for none).
+func (c *crashRun) options(r *rand.Rand) ([]snapshots.Opt, string) {
 	if r.Intn(5) < 2 {
-		return []snapshots.Opt{remapLabels(crashMappings[r.Intn(len(crashMappings))])}
+		base := crashMappings[r.Intn(len(crashMappings))]
+		return []snapshots.Opt{remapLabels(base)}, fmt.Sprintf("0:%d:65536", base)
 	}
-	return nil
+	return nil, ""
 }
 
 // prepare makes an active snapshot, writes known content into its upper
@@ -250,8 +253,8 @@ func (c *crashRun) prepare(ctx context.Context, sn snapshots.Snapshotter, w int,
 	}
 	// Keys shaped like containerd's own ("<ns>/<n>/<digest>").
 	key := fmt.Sprintf("crash/%d/active-%d", w, c.seq.Add(1))
-	opts := c.options(r)
-	err := c.write(write{op: "prepare", key: key, parent: parent}, func() error {
+	opts, mapping := c.options(r)
+	err := c.write(write{op: "prepare", key: key, parent: parent, mapping: mapping}, func() error {
 		_, err := sn.Prepare(ctx, key, parent, opts...)
 		return err
 	})
@@ -320,9 +323,9 @@ func (c *crashRun) view(ctx context.Context, sn snapshots.Snapshotter, w int, r 
 		return nil
 	}
 	key := fmt.Sprintf("crash/%d/view-%d", w, c.seq.Add(1))
-	opts := c.options(r)
+	opts, mapping := c.options(r)
 	var m []mount.Mount
-	err := c.write(write{op: "view", key: key, parent: parent}, func() (err error) {
+	err := c.write(write{op: "view", key: key, parent: parent, mapping: mapping}, func() (err error) {
 		m, err = sn.View(ctx, key, parent, opts...)
 		return err
 	})
