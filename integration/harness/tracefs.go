@@ -30,6 +30,10 @@ var MountSyscalls = []string{
 // as soon as other test binaries start many processes.
 var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
 
+// SyncSyscalls are the fsync-family syscalls a StartSyscallTrace can count:
+// what makes written data and metadata durable (bbolt syncs with fdatasync).
+var SyncSyscalls = []string{"fsync", "fdatasync", "sync_file_range"}
+
 // IDMapSyscalls are the syscalls that make an idmapped mount; a start that
 // reuses an existing view makes none of them.
 var IDMapSyscalls = []string{"open_tree", "mount_setattr", "move_mount"}
@@ -59,21 +63,32 @@ type MountTrace struct {
 	instance string
 	// mountPoint is the private tracefs mount made for this trace.
 	mountPoint string
-	stopped    bool
+	// syscalls are the sys_enter_* events enabled.
+	syscalls []string
+	stopped  bool
 }
 
 // StartMountTrace starts counting the mount-family syscalls of pids (every
 // thread of each) and, through event-fork, of all their descendants started
 // from now on: ctr from the test binary, shims and runc from containerd.
 func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
+	return StartSyscallTrace(MountSyscalls, pids...)
+}
+
+// StartSyscallTrace is StartMountTrace for other syscalls, by their
+// tracepoint names (e.g. SyncSyscalls).
+func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err error) {
 	if len(pids) == 0 {
-		return nil, errors.New("start mount trace: no pids to trace")
+		return nil, errors.New("start syscall trace: no pids to trace")
+	}
+	if len(syscalls) == 0 {
+		return nil, errors.New("start syscall trace: no syscalls to trace")
 	}
 	root, mountPoint, err := tracefsRoot()
 	if err != nil {
 		return nil, err
 	}
-	tr = &MountTrace{mountPoint: mountPoint}
+	tr = &MountTrace{mountPoint: mountPoint, syscalls: slices.Clone(syscalls)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, tr.release())
@@ -101,7 +116,7 @@ func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
 			return tr, err
 		}
 	}
-	for _, sc := range MountSyscalls {
+	for _, sc := range tr.syscalls {
 		if err := tr.write(eventEnable(sc), "1"); err != nil {
 			return tr, err
 		}
@@ -183,7 +198,7 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	}
 	tr.stopped = true
 	var errs []error
-	for _, sc := range MountSyscalls {
+	for _, sc := range tr.syscalls {
 		errs = append(errs, tr.write(eventEnable(sc), "0"))
 	}
 	for _, ev := range commEvents {
@@ -195,6 +210,16 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 		return nil, err
 	}
 	return counts, nil
+}
+
+// Counts returns what the trace has counted so far, without stopping it: a
+// call the traced process made before it answered is counted once the
+// answer arrives.
+func (tr *MountTrace) Counts() (MountCounts, error) {
+	if tr.stopped {
+		return nil, errors.New("syscall trace already stopped")
+	}
+	return tr.read()
 }
 
 func (tr *MountTrace) read() (MountCounts, error) {

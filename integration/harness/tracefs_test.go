@@ -177,3 +177,52 @@ func TestParseTraceNamesUnknownPids(t *testing.T) {
 		t.Errorf("snapshot side %d, want 2: runc's calls must not count there", got)
 	}
 }
+
+// TestSyncTrace counts this process's fsync-family calls, read while the
+// trace runs and at Stop, and nothing it was not asked to trace.
+func TestSyncTrace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestSyncTrace needs root (tracefs): run `sudo go test ./integration/...`")
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr, err := StartSyscallTrace(SyncSyscalls, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil { // fsync
+		t.Error(err)
+	}
+	if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+		t.Error(err)
+	}
+	mid, err := tr.Counts()
+	if err != nil {
+		tr.Stop()
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, ""); err != nil { // not traced
+		t.Error(err)
+	} else if err := syscall.Unmount(dir, 0); err != nil {
+		t.Error(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Error(err)
+	}
+	c, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("counts: %s", c)
+	if n := mid.Syscalls("fsync", "fdatasync"); n != 2 {
+		t.Errorf("while running: %d fsync+fdatasync, want 2: %s", n, mid)
+	}
+	self := comm(t)
+	if got := c[self]; got["fsync"] != 2 || got["fdatasync"] != 1 || c.Syscalls(MountSyscalls...) != 0 {
+		t.Errorf("this process (%s): %v, want 2 fsync and 1 fdatasync and no mount call; all: %s", self, got, c)
+	}
+}

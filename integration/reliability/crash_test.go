@@ -46,16 +46,21 @@ type crashRun struct {
 	killing atomic.Bool
 	seq     atomic.Int64
 	ops     atomic.Int64
+	// epoch counts the kills sent; inflight the writes awaiting a reply.
+	epoch    atomic.Int64
+	inflight atomic.Int64
 
 	mu        sync.Mutex
 	dirs      map[string]string // key or name -> the l/ directory the test wrote into
 	contents  map[string]string // key or name -> what it wrote there
 	committed []string          // committed names: parents of new snapshots
 	owned     [][]string        // per worker: its active and view keys
+	model     crashModel        // what the daemon acknowledged
 
 	// figures
 	orphansAtStart, plantedCleaned, staleViews, leaks int
 	contentsVerified, viewsVerified                   int
+	inflightAtKill                                    int
 }
 
 // TestCrashConsistency runs a storm of concurrent Prepare, View, Commit,
@@ -87,6 +92,7 @@ func TestCrashConsistency(t *testing.T) {
 		t: t, d: startDaemon(t), seed: seed,
 		dirs: map[string]string{}, contents: map[string]string{},
 		owned: make([][]string, crashWorkers),
+		model: newCrashModel(),
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -98,6 +104,9 @@ func TestCrashConsistency(t *testing.T) {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(seed + int64(w) + 1))
 			for ctx.Err() == nil {
+				if c.killing.Load() {
+					time.Sleep(5 * time.Millisecond) // the daemon is down: do not spin
+				}
 				c.gate.RLock()
 				err := c.op(ctx, w, r)
 				c.gate.RUnlock()
@@ -115,6 +124,8 @@ func TestCrashConsistency(t *testing.T) {
 	for k := 1; k <= kills && ctx.Err() == nil; k++ {
 		time.Sleep(time.Duration(50+killer.Intn(350)) * time.Millisecond)
 		c.killing.Store(true)
+		c.inflightAtKill += int(c.inflight.Load())
+		c.epoch.Add(1)
 		if err := c.d.Kill(); err != nil {
 			t.Fatal(err)
 		}
@@ -141,8 +152,15 @@ func TestCrashConsistency(t *testing.T) {
 	c.removeAll(t)
 	t.Logf("crash consistency: seed %d: %d kills survived, %d operations completed, %d orphans cleaned at restart, %d planted orphans removed by Cleanup, %d stale views removed, %d leaks found (checked %d snapshot contents and %d remapped snapshots' views after restarts)",
 		seed, survived, c.ops.Load(), c.orphansAtStart, c.plantedCleaned, c.staleViews, c.leaks, c.contentsVerified, c.viewsVerified)
+	inOp, reach := c.model.summary(survived)
+	t.Logf("crash model: %d acknowledged writes held across every kill; %s (%d awaited a reply as SIGKILL was sent); of the writes cut short %d happened and %d did not, each wholly; of %d failed while the daemon was dying, %d happened",
+		c.model.acked, reach, c.inflightAtKill, c.model.cutDone, c.model.cutUndone, c.model.refusedDone+c.model.refusedUndone, c.model.refusedDone)
 	if survived < kills || c.leaks != 0 {
 		t.Errorf("survived %d of %d kills with %d leaks", survived, kills, c.leaks)
+	}
+	// A kill between calls proves nothing about writes cut short.
+	if 2*inOp < survived {
+		t.Errorf("only %d of %d kills landed while a write was in flight, want at least half: the storm does not test interrupted writes", inOp, survived)
 	}
 }
 
@@ -188,7 +206,7 @@ func (c *crashRun) op(ctx context.Context, w int, r *rand.Rand) error {
 		if key == "" {
 			return nil
 		}
-		err := sn.Remove(ctx, key)
+		err := c.write(write{op: "remove", key: key}, func() error { return sn.Remove(ctx, key) })
 		if !c.tolerable(err) {
 			return fmt.Errorf("remove %q: %w", key, err)
 		}
@@ -202,7 +220,7 @@ func (c *crashRun) op(ctx context.Context, w int, r *rand.Rand) error {
 			return nil
 		}
 		// Others may build on it or remove it meanwhile.
-		err := sn.Remove(ctx, name)
+		err := c.write(write{op: "remove", key: name}, func() error { return sn.Remove(ctx, name) })
 		if !c.tolerable(err, errdefs.IsFailedPrecondition, errdefs.IsNotFound) {
 			return fmt.Errorf("remove committed %q: %w", name, err)
 		}
@@ -216,11 +234,14 @@ func (c *crashRun) op(ctx context.Context, w int, r *rand.Rand) error {
 	return nil
 }
 
-func (c *crashRun) options(r *rand.Rand) []snapshots.Opt {
+// options returns the options of a new snapshot and its UID mapping label
+// ("" for none).
+func (c *crashRun) options(r *rand.Rand) ([]snapshots.Opt, string) {
 	if r.Intn(5) < 2 {
-		return []snapshots.Opt{remapLabels(crashMappings[r.Intn(len(crashMappings))])}
+		base := crashMappings[r.Intn(len(crashMappings))]
+		return []snapshots.Opt{remapLabels(base)}, fmt.Sprintf("0:%d:65536", base)
 	}
-	return nil
+	return nil, ""
 }
 
 // prepare makes an active snapshot, writes known content into its upper
@@ -232,7 +253,11 @@ func (c *crashRun) prepare(ctx context.Context, sn snapshots.Snapshotter, w int,
 	}
 	// Keys shaped like containerd's own ("<ns>/<n>/<digest>").
 	key := fmt.Sprintf("crash/%d/active-%d", w, c.seq.Add(1))
-	_, err := sn.Prepare(ctx, key, parent, c.options(r)...)
+	opts, mapping := c.options(r)
+	err := c.write(write{op: "prepare", key: key, parent: parent, mapping: mapping}, func() error {
+		_, err := sn.Prepare(ctx, key, parent, opts...)
+		return err
+	})
 	if !c.tolerable(err, errdefs.IsNotFound) { // the parent may be removed meanwhile
 		return fmt.Errorf("prepare %q on %q: %w", key, parent, err)
 	}
@@ -266,7 +291,7 @@ func (c *crashRun) prepare(ctx context.Context, sn snapshots.Snapshotter, w int,
 		c.mu.Lock()
 		c.dirs[name], c.contents[name] = upper, content
 		c.mu.Unlock()
-		err := sn.Commit(ctx, name, key)
+		err := c.write(write{op: "commit", key: key, name: name}, func() error { return sn.Commit(ctx, name, key) })
 		if !c.tolerable(err) {
 			return fmt.Errorf("commit %q as %q: %w", key, name, err)
 		}
@@ -278,7 +303,7 @@ func (c *crashRun) prepare(ctx context.Context, sn snapshots.Snapshotter, w int,
 			c.mu.Unlock()
 		}
 	case 3:
-		err := sn.Remove(ctx, key)
+		err := c.write(write{op: "remove", key: key}, func() error { return sn.Remove(ctx, key) })
 		if !c.tolerable(err) {
 			return fmt.Errorf("remove %q: %w", key, err)
 		}
@@ -298,7 +323,12 @@ func (c *crashRun) view(ctx context.Context, sn snapshots.Snapshotter, w int, r 
 		return nil
 	}
 	key := fmt.Sprintf("crash/%d/view-%d", w, c.seq.Add(1))
-	m, err := sn.View(ctx, key, parent, c.options(r)...)
+	opts, mapping := c.options(r)
+	var m []mount.Mount
+	err := c.write(write{op: "view", key: key, parent: parent, mapping: mapping}, func() (err error) {
+		m, err = sn.View(ctx, key, parent, opts...)
+		return err
+	})
 	if !c.tolerable(err, errdefs.IsNotFound) {
 		return fmt.Errorf("view %q of %q: %w", key, parent, err)
 	}
@@ -433,6 +463,7 @@ func (c *crashRun) afterKill(ctx context.Context, k int) error {
 	}
 	// What a live snapshot must have on disk, and whether it is intact.
 	want := map[string]bool{}
+	verified := map[string]bool{}
 	for _, s := range live {
 		name := base36(s.id)
 		need := []string{}
@@ -465,6 +496,7 @@ func (c *crashRun) afterKill(ctx context.Context, k int) error {
 			return fmt.Errorf("%s snapshot %q: content %q (%v), want %q", s.kind, s.key, got, err, content)
 		}
 		c.contentsVerified++
+		verified[s.key] = true
 	}
 	// Entries of the work dir of committed snapshots stay; every entry
 	// named after a live snapshot is kept.
@@ -508,6 +540,19 @@ func (c *crashRun) afterKill(ctx context.Context, k int) error {
 	}
 	c.orphansAtStart += len(orphans)
 
+	if err := c.checkModel(ctx, k); err != nil {
+		return err
+	}
+	// Every committed snapshot the model holds (acknowledged, or an
+	// interrupted commit that happened) kept the content written before.
+	c.mu.Lock()
+	committed := c.model.committed()
+	c.mu.Unlock()
+	for _, name := range committed {
+		if !verified[name] {
+			return fmt.Errorf("committed snapshot %q: its content was not found after kill %d", name, k)
+		}
+	}
 	if err := c.checkViews(ctx, live, viewsBefore); err != nil {
 		return err
 	}

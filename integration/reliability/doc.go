@@ -10,5 +10,9 @@
 //	go test ./integration/reliability/
 //
 // The crash test is seeded: GS_CRASH_SEED and GS_CRASH_KILLS replay or
-// lengthen a run.
+// lengthen a run. It keeps a model of every write the daemon acknowledged
+// and checks it after each kill; it fails unless at least half the kills
+// cut a write short. A SIGKILL keeps the page cache, so durability against
+// power loss is checked apart: TestMetadataWritesAreSynced counts the
+// daemon's fsync-family calls per acknowledged write with tracefs.
 package reliability
