@@ -24,13 +24,15 @@ var MountSyscalls = []string{
 	"mount", "umount", "open_tree", "move_mount", "mount_setattr", "fsopen", "fsconfig", "fsmount",
 }
 
-// commEvents are the scheduler events a MountTrace also records, only to
+// CommEvents are the scheduler events a MountTrace (and any other trace
+// that ParseTrace reads, such as bench's user-namespace trace) also
+// records, only to
 // name processes as they were named when they made each call: tracefs
 // prints a line with the name it last recorded for the pid (so runc's init
 // shows as the container's command after its exec), or "<...>" when the pid
 // fell out of its small global name cache (saved_cmdlines), which happens
 // as soon as other test binaries start many processes.
-var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
+var CommEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
 
 // exitSyscalls are the syscalls whose results a MountTrace also records:
 // containerd's mounter retries an unmount that fails with EBUSY (every
@@ -108,7 +110,7 @@ func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
 	if err := tr.addPIDs(pids); err != nil {
 		return tr, err
 	}
-	for _, ev := range commEvents {
+	for _, ev := range CommEvents {
 		if err := tr.write(filepath.Join("events", ev, "enable"), "1"); err != nil {
 			return tr, err
 		}
@@ -210,7 +212,7 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	for _, sc := range exitSyscalls {
 		errs = append(errs, tr.write(exitEnable(sc), "0"))
 	}
-	for _, ev := range commEvents {
+	for _, ev := range CommEvents {
 		errs = append(errs, tr.write(filepath.Join("events", ev, "enable"), "0"))
 	}
 	counts, err := tr.read()
