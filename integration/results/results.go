@@ -159,12 +159,20 @@ func RenderMountSyscalls(m MountSyscalls) (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	var firsts []string
+	// Releases whose first starts made the same calls share a clause.
+	byCalls := map[string][]string{}
 	for _, v := range slices.Sorted(mapsKeys(m.FirstStart)) {
-		firsts = append(firsts, fmt.Sprintf("%s on %s", callList(m.FirstStart[v]), v))
+		calls := callList(m.FirstStart[v])
+		byCalls[calls] = append(byCalls[calls], v)
+	}
+	var firsts []string
+	for _, calls := range slices.Sorted(mapsKeys(byCalls)) {
+		firsts = append(firsts, fmt.Sprintf("%s on %s", calls, strings.Join(byCalls[calls], " and ")))
 	}
 	if len(firsts) > 0 {
-		fmt.Fprintf(&b, "\nThe first start with a new mapping adds the snapshotter's own calls, once:\n%s (its view made, then unmounted when that start's\nsnapshot, the view's only user, was removed).\n", strings.Join(firsts, "; "))
+		text := fmt.Sprintf("The first start with a new mapping also costs the snapshotter, once, %s: its view, made, then unmounted when that start's snapshot (the view's only user) was removed.",
+			strings.Join(firsts, "; "))
+		b.WriteString("\n" + wrap(text, 75) + "\n")
 	}
 	return b.String(), nil
 }
@@ -218,11 +226,28 @@ func RenderPodStarts(p PodStarts) (string, error) {
 	return wrap(text, 75) + "\n", nil
 }
 
-// callList renders {"open_tree": 1, ...} as "open_tree=1 ..." in name order.
+// callOrder is the order callList names syscalls in (others follow, by
+// name).
+var callOrder = []string{"open_tree", "mount_setattr", "move_mount", "mount", "umount"}
+
+// callList renders {"open_tree": 1, ...} as "open_tree=1 ...".
 func callList(m map[string]int) string {
+	keys := slices.SortedFunc(mapsKeys(m), func(a, b string) int {
+		ia, ib := slices.Index(callOrder, a), slices.Index(callOrder, b)
+		if ia < 0 {
+			ia = len(callOrder)
+		}
+		if ib < 0 {
+			ib = len(callOrder)
+		}
+		if ia != ib {
+			return ia - ib
+		}
+		return strings.Compare(a, b)
+	})
 	var parts []string
-	for _, k := range slices.Sorted(mapsKeys(m)) {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("`%s`=%d", k, m[k]))
 	}
 	return strings.Join(parts, " ")
 }
