@@ -74,11 +74,13 @@ type PodStart struct {
 	// Syscalls is the snapshot-side count (containerd, its shims, the
 	// snapshotter), without unmount attempts that failed with EBUSY;
 	// IDMap and Unmounts are parts of it.
-	Syscalls int    `json:"syscalls"`
-	IDMap    int    `json:"idmap"`
-	Unmounts int    `json:"unmounts"`
-	Runc     int    `json:"runc"`
-	Detail   string `json:"detail"`
+	Syscalls int `json:"syscalls"`
+	IDMap    int `json:"idmap"`
+	Unmounts int `json:"unmounts"`
+	Runc     int `json:"runc"`
+	// ByProcess is the snapshot side by process group ("shim",
+	// "containerd", "grouped-snapshotter") and syscall.
+	ByProcess map[string]map[string]int `json:"by_process"`
 }
 
 // Write writes v as indented JSON to path.
@@ -212,8 +214,9 @@ func RenderPodStarts(p PodStarts) (string, error) {
 	for _, n := range layers {
 		layerList = append(layerList, strconv.Itoa(n))
 	}
-	groupedCount := fmt.Sprintf("**%d** on grouped-snapshotter (one overlay each, plus the %d calls of the pod's one view), the same at %s layers",
-		grouped[0].Syscalls, grouped[0].IDMap, strings.Join(layerList, " and "))
+	g := grouped[0]
+	groupedCount := fmt.Sprintf("**%d** on grouped-snapshotter (%s), the same at %s layers",
+		g.Syscalls, processList(g.ByProcess), strings.Join(layerList, " and "))
 	if len(counts) != 1 {
 		var per []string
 		for _, g := range grouped {
@@ -221,9 +224,37 @@ func RenderPodStarts(p PodStarts) (string, error) {
 		}
 		groupedCount = "on grouped-snapshotter " + strings.Join(per, ", ")
 	}
-	text := fmt.Sprintf("Measured on that node (Kubernetes %s, containerd %s; tracefs; containerd, its shims and the snapshotter, runc's own %s apart): a `hostUsers: false` pod with two containers starts with **%d** mount-family syscalls on containerd's %s (the shim makes an idmapped mount for the sandbox and each container: %d idmap calls, %d unmounts) and with %s.",
-		p.Kubernetes, p.Containerd, runc, b.Syscalls, b.Snapshotter, b.IDMap, b.Unmounts, groupedCount)
+	text := fmt.Sprintf("Measured on that node (Kubernetes %s, containerd %s; tracefs, from the pod's creation to Ready; containerd, its shims and the snapshotter, runc's own %s apart): a `hostUsers: false` pod with two containers (and its sandbox) starts with **%d** mount-family syscalls on containerd's %s (%s: %d idmap calls, %d unmounts) and with %s. containerd's own mounts are CRI's for the sandbox, the same on both.",
+		p.Kubernetes, p.Containerd, runc, b.Syscalls, b.Snapshotter, processList(b.ByProcess), b.IDMap, b.Unmounts, groupedCount)
 	return wrap(text, 75) + "\n", nil
+}
+
+// processList renders calls by process group as "the shims `mount`=3;
+// containerd `mount`=3", the shims first.
+func processList(by map[string]map[string]int) string {
+	order := []string{"shim", "grouped-snapshotter", "containerd"}
+	groups := slices.SortedFunc(mapsKeys(by), func(a, b string) int {
+		ia, ib := slices.Index(order, a), slices.Index(order, b)
+		if ia < 0 {
+			ia = len(order)
+		}
+		if ib < 0 {
+			ib = len(order)
+		}
+		if ia != ib {
+			return ia - ib
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, g := range groups {
+		name := g
+		if g == "shim" {
+			name = "the shims"
+		}
+		parts = append(parts, name+" "+callList(by[g]))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // callOrder is the order callList names syscalls in (others follow, by

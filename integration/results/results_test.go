@@ -46,8 +46,10 @@ func TestRenderMountSyscalls(t *testing.T) {
 
 func TestRenderPodStarts(t *testing.T) {
 	p := PodStarts{Kubernetes: "v1.37.2", Containerd: "v2.4.2", Pods: []PodStart{
-		{Name: "baseline", Snapshotter: "overlayfs", Layers: 50, Syscalls: 21, IDMap: 9, Unmounts: 9, Runc: 277},
-		{Name: "a", Snapshotter: "grouped", Layers: 50, Syscalls: 9, IDMap: 3, Runc: 277},
+		{Name: "baseline", Snapshotter: "overlayfs", Layers: 50, Syscalls: 21, IDMap: 9, Unmounts: 9, Runc: 277,
+			ByProcess: map[string]map[string]int{"shim": {"mount": 3, "umount": 6, "open_tree": 3}, "containerd": {"mount": 3}}},
+		{Name: "a", Snapshotter: "grouped", Layers: 50, Syscalls: 9, IDMap: 3, Runc: 277,
+			ByProcess: map[string]map[string]int{"shim": {"mount": 3}, "grouped-snapshotter": {"open_tree": 1}}},
 		{Name: "b", Snapshotter: "grouped", Layers: 1, Syscalls: 9, IDMap: 3, Runc: 277},
 	}}
 	got, err := RenderPodStarts(p)
@@ -55,7 +57,7 @@ func TestRenderPodStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	flat := strings.Join(strings.Fields(got), " ")
-	for _, want := range []string{"runc's own 277 apart", "**21** mount-family syscalls on containerd's overlayfs", "9 idmap calls, 9 unmounts", "**9** on grouped-snapshotter", "the same at 1 and 50 layers"} {
+	for _, want := range []string{"runc's own 277 apart", "**21** mount-family syscalls on containerd's overlayfs", "(the shims `open_tree`=3 `mount`=3 `umount`=6; containerd `mount`=3: 9 idmap calls, 9 unmounts)", "**9** on grouped-snapshotter (the shims `mount`=3; grouped-snapshotter `open_tree`=1)", "the same at 1 and 50 layers"} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("%q lacks %q", flat, want)
 		}
