@@ -10,10 +10,12 @@ package results
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -83,13 +85,31 @@ type PodStart struct {
 	ByProcess map[string]map[string]int `json:"by_process"`
 }
 
-// Write writes v as indented JSON to path.
+// Write writes v as indented JSON to path, through a temporary file and a
+// rename so that a reader (the README test of a concurrent `go test ./...`)
+// never sees half a file; an unchanged file is left alone.
 func Write(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(data, '\n'), 0o644)
+	data = append(data, '\n')
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(data)
+	err = errors.Join(werr, tmp.Chmod(0o644), tmp.Close())
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
 }
 
 // Read decodes the JSON file at path into v, refusing unknown fields.

@@ -1,6 +1,7 @@
 package results
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -104,5 +105,29 @@ func TestCommittedFiles(t *testing.T) {
 	}
 	if len(m.Rows) == 0 || len(p.Pods) == 0 {
 		t.Errorf("empty results: %d rows, %d pods", len(m.Rows), len(p.Pods))
+	}
+}
+
+func TestWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "r.json")
+	want := PodStarts{Kubernetes: "v1", Pods: []PodStart{{Name: "p", Syscalls: 9}}}
+	for range 2 {
+		if err := Write(path, want); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got PodStarts
+	if err := Read(path, &got); err != nil || got.Kubernetes != "v1" || len(got.Pods) != 1 || got.Pods[0].Syscalls != 9 {
+		t.Errorf("read back %+v, %v", got, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("temporary files left: %d entries", len(entries))
+	}
+	if err := os.WriteFile(path, []byte(`{"kubernetes": "v1", "typo": 1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Read(path, &got); err == nil {
+		t.Error("an unknown field was accepted")
 	}
 }
