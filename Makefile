@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall
+.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall readme-tables
 
 all: build
 
@@ -42,6 +42,14 @@ bench-quick: tools
 vet:
 	$(GO) vet ./...
 
+# Rewrites the README's measured figures (between its BEGIN/END markers)
+# from the results files the integration tests write and that are
+# committed: integration/results/mount-syscalls.json (integration's
+# TestMountgroup) and integration/k8s/results/latest.json (integration/k8s).
+# integration/cmd/readme-tables's test fails while the README is stale.
+readme-tables:
+	$(GO) run ./integration/cmd/readme-tables
+
 # A short run of every fuzz target; each one's corpus is committed under
 # <package>/testdata/fuzz and also runs with the plain tests.
 FUZZTIME ?= 10s
@@ -57,7 +65,7 @@ test: tools tools-k8s vet fuzz
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./...
 
 test-unit: vet
-	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/...
+	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/...
 
 test-integration: tools tools-k8s
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/...

@@ -120,6 +120,18 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		}
 		row.MountSyscalls, row.RuncMountSyscalls = mc.SnapshotSide().Total(), mc.Runc().Total()
 		row.UsernsForks, row.RuncUserns = usernsForks(uc)
+		// Every container that started had its rootfs mounted by its
+		// shim and its user namespace made by runc: a trace that lost
+		// processes fails instead of reporting fewer calls.
+		if errors.Join(errs...) == nil {
+			n := shape.Containers()
+			if err := mc.AtLeast(harness.Minimums{harness.GroupShim: {"mount": n}, harness.GroupRunc: {"mount": n}}); err != nil {
+				return row, fmt.Errorf("burst of %d: %w", n, err)
+			}
+			if err := uc.AtLeast(harness.Minimums{harness.GroupRunc: {"unshare": n}}); err != nil {
+				return row, fmt.Errorf("burst of %d, user namespaces: %w", n, err)
+			}
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		row.Err = shortError(err)

@@ -67,6 +67,14 @@ func startUsernsTrace(pids []int) (tr *usernsTrace, err error) {
 	if err := tr.write("set_event_pid", strings.Join(tids, " ")); err != nil {
 		return tr, err
 	}
+	// Without the scheduler events, a line names its pid from tracefs's
+	// small global name cache, or "<...>": runc's stages then counted as
+	// the snapshot side (a burst of 30 showed runc 29 and 28).
+	for _, ev := range harness.CommEvents {
+		if err := tr.write(filepath.Join("events", ev, "enable"), "1"); err != nil {
+			return tr, err
+		}
+	}
 	for sc, filter := range usernsEvents {
 		dir := filepath.Join("events", "syscalls", "sys_enter_"+sc)
 		if err := tr.write(filepath.Join(dir, "filter"), filter); err != nil {
@@ -108,6 +116,9 @@ func (tr *usernsTrace) stop() (harness.MountCounts, error) {
 	var errs []error
 	for sc := range usernsEvents {
 		errs = append(errs, tr.write(filepath.Join("events", "syscalls", "sys_enter_"+sc, "enable"), "0"))
+	}
+	for _, ev := range harness.CommEvents {
+		errs = append(errs, tr.write(filepath.Join("events", ev, "enable"), "0"))
 	}
 	var counts harness.MountCounts
 	f, err := os.Open(filepath.Join(tr.instance, "trace"))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
 )
 
 // mgImage names the images of the mountgroup tests. All layer counts share
@@ -69,6 +70,23 @@ func TestMountgroup(t *testing.T) {
 		})
 	}
 	table.log(t)
+	writeMountSyscalls(t, table)
+}
+
+// writeMountSyscalls writes the table to the committed results file, from
+// which `make readme-tables` renders the README's table; only a complete,
+// passing run does.
+func writeMountSyscalls(t *testing.T, table *syscallTable) {
+	res := table.results()
+	if t.Failed() || len(res.FirstStart) != len(mgReleases) || len(res.Rows) != 4*len(mgReleases) {
+		t.Logf("not writing %s: the run failed or did not measure every release", results.MountSyscallsFile)
+		return
+	}
+	path := filepath.Join("..", results.MountSyscallsFile)
+	if err := results.Write(path, res); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s (`make readme-tables` renders it into the README)", path)
 }
 
 // startMountgroupEnv starts a private containerd of version with

@@ -2,9 +2,11 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,13 +24,25 @@ var MountSyscalls = []string{
 	"mount", "umount", "open_tree", "move_mount", "mount_setattr", "fsopen", "fsconfig", "fsmount",
 }
 
-// commEvents are the scheduler events a MountTrace also records, only to
+// CommEvents are the scheduler events a MountTrace (and any other trace
+// that ParseTrace reads, such as bench's user-namespace trace) also
+// records, only to
 // name processes as they were named when they made each call: tracefs
 // prints a line with the name it last recorded for the pid (so runc's init
 // shows as the container's command after its exec), or "<...>" when the pid
 // fell out of its small global name cache (saved_cmdlines), which happens
 // as soon as other test binaries start many processes.
-var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
+var CommEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
+
+// exitSyscalls are the syscalls whose results a MountTrace also records:
+// containerd's mounter retries an unmount that fails with EBUSY (every
+// 50 ms, up to 50 times), so how many umount calls a shim makes depends on
+// timing; the results tell those failed attempts apart (see Settled).
+var exitSyscalls = []string{"umount"}
+
+// BusySuffix marks, in a MountCounts, the calls that failed with EBUSY:
+// "umount" + BusySuffix counts the unmount attempts a process retried.
+const BusySuffix = "!EBUSY"
 
 // SyncSyscalls are the fsync-family syscalls a StartSyscallTrace can count:
 // what makes written data and metadata durable (bbolt syncs with fdatasync).
@@ -111,8 +125,16 @@ func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err erro
 	if err := tr.addPIDs(pids); err != nil {
 		return tr, err
 	}
-	for _, ev := range commEvents {
+	for _, ev := range CommEvents {
 		if err := tr.write(filepath.Join("events", ev, "enable"), "1"); err != nil {
+			return tr, err
+		}
+	}
+	for _, sc := range exitSyscalls {
+		if !slices.Contains(tr.syscalls, sc) {
+			continue
+		}
+		if err := tr.write(exitEnable(sc), "1"); err != nil {
 			return tr, err
 		}
 	}
@@ -126,6 +148,10 @@ func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err erro
 
 func eventEnable(syscallName string) string {
 	return filepath.Join("events", "syscalls", "sys_enter_"+syscallName, "enable")
+}
+
+func exitEnable(syscallName string) string {
+	return filepath.Join("events", "syscalls", "sys_exit_"+syscallName, "enable")
 }
 
 // addPIDs adds every thread of pids to the instance's pid filter. The filter
@@ -201,7 +227,10 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	for _, sc := range tr.syscalls {
 		errs = append(errs, tr.write(eventEnable(sc), "0"))
 	}
-	for _, ev := range commEvents {
+	for _, sc := range exitSyscalls {
+		errs = append(errs, tr.write(exitEnable(sc), "0"))
+	}
+	for _, ev := range CommEvents {
 		errs = append(errs, tr.write(filepath.Join("events", ev, "enable"), "0"))
 	}
 	counts, err := tr.read()
@@ -228,6 +257,19 @@ func (tr *MountTrace) read() (MountCounts, error) {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}
 	defer f.Close()
+	// GS_TRACE_KEEP=DIR keeps a copy of every raw trace in DIR, to see
+	// what each process did and when.
+	if dir := os.Getenv("GS_TRACE_KEEP"); dir != "" {
+		keep := filepath.Join(dir, filepath.Base(tr.instance)+".trace")
+		data, err := io.ReadAll(f)
+		if err == nil {
+			err = os.WriteFile(keep, data, 0o644)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("keep trace in %s: %w", keep, err)
+		}
+		return ParseTrace(bytes.NewReader(data))
+	}
 	return ParseTrace(f)
 }
 
@@ -279,6 +321,11 @@ type MountCounts map[string]map[string]int
 // before the CPU field.
 var traceLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\(`)
 
+// exitLine matches a syscall's exit event, with its result:
+//
+//	<comm>-<pid> [(<tgid>)] [<cpu>] <flags> <timestamp>: sys_<name> -> 0x<result>
+var exitLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\s+->\s+0x([0-9a-f]+)\s*$`)
+
 // commLine matches the scheduler events that name a process:
 //
 //	...: sched_process_fork: comm=ctr pid=10 child_comm=ctr child_pid=11
@@ -295,9 +342,14 @@ var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*
 
 // ParseTrace counts the syscall events of a tracefs "trace" file. It fails
 // on a line it does not understand and when the header says events were
-// lost (buffer overrun).
+// lost (buffer overrun). A call whose exit event says it failed with EBUSY
+// is counted under its name + BusySuffix instead of its name.
 func ParseTrace(r io.Reader) (MountCounts, error) {
 	counts := MountCounts{}
+	// entered holds, per thread, the command name and syscall of its last
+	// enter event, for its exit event (a thread makes one call at a time).
+	type call struct{ comm, name string }
+	entered := map[string]call{}
 	// names holds the command name of each pid as the scheduler events of
 	// the trace tell it, to name lines tracefs prints as "<...>".
 	names := map[string]string{}
@@ -320,6 +372,16 @@ func ParseTrace(r io.Reader) (MountCounts, error) {
 			nameFromEvent(names, m[1], m[2])
 			continue
 		}
+		if m := exitLine.FindStringSubmatch(line); m != nil {
+			c, ok := entered[m[2]]
+			delete(entered, m[2])
+			// An exit without its enter began before the trace.
+			if ok && c.name == m[3] && isErrno(m[4], syscall.EBUSY) {
+				counts.add(c.comm, c.name, -1)
+				counts.add(c.comm, c.name+BusySuffix, 1)
+			}
+			continue
+		}
 		m := traceLine.FindStringSubmatch(line)
 		if m == nil {
 			return nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
@@ -333,11 +395,19 @@ func ParseTrace(r io.Reader) (MountCounts, error) {
 			comm = name
 		}
 		counts.add(comm, m[3], 1)
+		entered[m[2]] = call{comm, m[3]}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read trace: %w", err)
 	}
 	return counts, nil
+}
+
+// isErrno reports whether a syscall result, as tracefs prints it (hex, a
+// negative errno in two's complement), is -errno.
+func isErrno(hex string, errno syscall.Errno) bool {
+	v, err := strconv.ParseUint(hex, 16, 64)
+	return err == nil && int64(v) == -int64(errno)
 }
 
 // nameFromEvent records the command name a scheduler event gives a pid.
@@ -369,6 +439,9 @@ func (c MountCounts) add(comm, syscallName string, n int) {
 		c[comm] = map[string]int{}
 	}
 	c[comm][syscallName] += n
+	if c[comm][syscallName] == 0 {
+		delete(c[comm], syscallName)
+	}
 }
 
 // CommGroup returns the process group of a command name: one of the Group
@@ -423,6 +496,65 @@ func (c MountCounts) SnapshotSide() MountCounts {
 // Runc is what runc (and its init stages) did.
 func (c MountCounts) Runc() MountCounts {
 	return c.Filter(func(comm string) bool { return CommGroup(comm) == GroupRunc })
+}
+
+// Settled drops the calls that failed with EBUSY (see BusySuffix): what
+// is left does not depend on whether an unmount met a busy mount and was
+// retried, only on what the processes had to mount and unmount.
+func (c MountCounts) Settled() MountCounts {
+	out := MountCounts{}
+	for comm, bySyscall := range c {
+		for sc, n := range bySyscall {
+			if !strings.HasSuffix(sc, BusySuffix) {
+				out.add(comm, sc, n)
+			}
+		}
+	}
+	return out
+}
+
+// Busy is the number of calls that failed with EBUSY.
+func (c MountCounts) Busy() int {
+	return c.Total() - c.Settled().Total()
+}
+
+// Minimums are lower bounds on a trace's counts, by process group
+// (CommGroup) and syscall.
+type Minimums map[string]map[string]int
+
+// AtLeast fails unless the processes of every group in min made at least
+// the given number of each syscall. Equality between two traces proves
+// nothing if both lost a process (its pid not followed, its events not
+// recorded, the trace stopped too early); every count check of a start
+// also asks for what that start cannot do without, e.g. the shim's
+// overlay mount.
+func (c MountCounts) AtLeast(min Minimums) error {
+	groups := c.Groups()
+	var missing []string
+	for _, group := range slices.Sorted(maps.Keys(min)) {
+		for _, sc := range slices.Sorted(maps.Keys(min[group])) {
+			if got, want := groups[group][sc], min[group][sc]; got < want {
+				missing = append(missing, fmt.Sprintf("%s made %d %s, want at least %d", group, got, sc, want))
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the trace lacks calls a start cannot do without: %s (trace: %s)", strings.Join(missing, "; "), c)
+	}
+	return nil
+}
+
+// Exactly fails unless the processes of group made exactly the syscalls
+// in want (calls that failed with EBUSY included, under BusySuffix).
+func (c MountCounts) Exactly(group string, want map[string]int) error {
+	got := c.Groups()[group]
+	if len(got) == 0 {
+		got = map[string]int{}
+	}
+	if !maps.Equal(got, want) {
+		return fmt.Errorf("%s made %v, want exactly %v (trace: %s)", group, got, want, c)
+	}
+	return nil
 }
 
 // Total is the number of syscalls counted.

@@ -100,6 +100,16 @@ func TestMountTrace(t *testing.T) {
 		tr.Stop()
 		t.Fatal(err)
 	}
+	// An unmount that meets EBUSY (a file open on the mount), then one
+	// that succeeds.
+	f, err := os.Create(filepath.Join(dir, "busy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Unmount(dir, 0); err != syscall.EBUSY {
+		t.Errorf("unmount with an open file: %v, want EBUSY", err)
+	}
+	f.Close()
 	if err := syscall.Unmount(dir, 0); err != nil {
 		t.Error(err)
 	}
@@ -117,8 +127,8 @@ func TestMountTrace(t *testing.T) {
 	}
 	t.Logf("counts: %s", c)
 	self := comm(t)
-	if got := c[self]; got["mount"] != 1 || got["umount"] != 1 {
-		t.Errorf("this process (%s): %v, want 1 mount and 1 umount; all: %s", self, got, c)
+	if got := c[self]; got["mount"] != 1 || got["umount"] != 1 || got["umount"+BusySuffix] != 1 {
+		t.Errorf("this process (%s): %v, want 1 mount, 1 umount and 1 umount that failed with EBUSY; all: %s", self, got, c)
 	}
 	if got := c["busybox"]; got["mount"] != 1 || got["umount"] != 1 {
 		t.Errorf("child busybox: %v, want 1 mount and 1 umount; all: %s", got, c)
@@ -224,5 +234,67 @@ func TestSyncTrace(t *testing.T) {
 	self := comm(t)
 	if got := c[self]; got["fsync"] != 2 || got["fdatasync"] != 1 || c.Syscalls(MountSyscalls...) != 0 {
 		t.Errorf("this process (%s): %v, want 2 fsync and 1 fdatasync and no mount call; all: %s", self, got, c)
+	}
+}
+
+// A shim's unmount that met EBUSY and was retried: the failed attempt is
+// counted apart, and Settled drops it.
+const busyTrace = `# tracer: nop
+#
+# entries-in-buffer/entries-written: 9/9   #P:2
+#
+ containerd-shim-4401    [000] .....   817.306477: sys_umount(name: 0x17341f45d080, flags: 0)
+ containerd-shim-4401    [000] .....   817.306481: sys_umount -> 0xfffffffffffffff0
+ containerd-shim-4408    [000] .....   817.357307: sys_umount(name: 0x17341f45c440, flags: 0)
+ containerd-shim-4408    [000] .....   817.357433: sys_umount -> 0x0
+ containerd-shim-4408    [000] .....   817.357447: sys_umount(name: 0x17341f45c500, flags: 0)
+ containerd-shim-4408    [000] .....   817.357448: sys_umount -> 0xffffffffffffffea
+            ctr-99       [001] .....   817.4: sys_umount -> 0xfffffffffffffff0
+ containerd-shim-4408    [000] .....   817.5: sys_mount(dev_name: 0x1, dir_name: 0x2, type: 0x3, flags: 0, data: 0x4)
+            runc-7       [000] .....   817.6: sys_mount(dev_name: 0x1, dir_name: 0x2, type: 0x3, flags: 0, data: 0x4)
+`
+
+func TestParseTraceBusy(t *testing.T) {
+	c, err := ParseTrace(strings.NewReader(busyTrace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ctr exit has no enter in the trace: not counted.
+	if got, want := c.String(), "containerd-shim{mount=1 umount=2 umount!EBUSY=1} runc{mount=1}"; got != want {
+		t.Errorf("counts:\n got %s\nwant %s", got, want)
+	}
+	if got := c.Settled().String(); got != "containerd-shim{mount=1 umount=2} runc{mount=1}" {
+		t.Errorf("Settled = %s", got)
+	}
+	if c.Busy() != 1 || c.Total() != 5 || c.Settled().Total() != 4 {
+		t.Errorf("Busy %d, Total %d, Settled().Total %d; want 1, 5, 4", c.Busy(), c.Total(), c.Settled().Total())
+	}
+}
+
+func TestAtLeastExactly(t *testing.T) {
+	c, err := ParseTrace(strings.NewReader(sampleTrace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AtLeast(Minimums{GroupShim: {"mount": 1, "umount": 2}, GroupRunc: {"mount": 1}}); err != nil {
+		t.Error(err)
+	}
+	// A trace that lost the shim, or the shim's overlay mount.
+	if err := c.AtLeast(Minimums{GroupShim: {"mount": 2}}); err == nil || !strings.Contains(err.Error(), "shim made 1 mount, want at least 2") {
+		t.Errorf("AtLeast(2 shim mounts) = %v", err)
+	}
+	if err := (MountCounts{}).AtLeast(Minimums{GroupShim: {"mount": 1}}); err == nil {
+		t.Error("an empty trace passed")
+	}
+	if err := c.Exactly(GroupSnapshotter, map[string]int{"mount_setattr": 1}); err != nil {
+		t.Error(err)
+	}
+	if err := c.Exactly(GroupCtr, map[string]int{}); err != nil {
+		t.Error(err)
+	}
+	for _, want := range []map[string]int{{}, {"mount_setattr": 1, "open_tree": 1}, {"mount_setattr": 2}} {
+		if err := c.Exactly(GroupSnapshotter, want); err == nil {
+			t.Errorf("Exactly(%v) passed for %s", want, c)
+		}
 	}
 }

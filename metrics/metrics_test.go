@@ -1,0 +1,117 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
+)
+
+func TestMain(m *testing.M) { os.Exit(mountleak.Run(m)) }
+
+// TestMetrics drives an instrumented snapshotter and reads the registry:
+// calls and errors per operation, the layers of returned mounts, and the
+// state collector's snapshots by kind and views. The /metrics endpoint of
+// the daemon is scraped by integration.TestOperations.
+func TestMetrics(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestMetrics needs root (the snapshotter's root is 0700 and owned by root): run `sudo go test ./metrics/`")
+	}
+	sn, err := snapshot.New(filepath.Join(t.TempDir(), "root"), snapshot.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := errors.Join(sn.Close(), sn.UnmountViews()); err != nil {
+			t.Error(err)
+		}
+	})
+	m := New(sn)
+	s := m.Instrument(sn)
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+
+	if _, err := s.Prepare(ctx, "a", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(ctx, "c1", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prepare(ctx, "b", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stat(ctx, "missing"); err == nil {
+		t.Fatal("Stat of a missing snapshot succeeded")
+	}
+	if err := s.(interface{ Cleanup(context.Context) error }).Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range families {
+		byName[f.GetName()] = f
+	}
+	value := func(name string, labels map[string]string) (float64, error) {
+		f := byName[name]
+		if f == nil {
+			return 0, errors.New("not registered")
+		}
+	next:
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case mt.Counter != nil:
+				return mt.GetCounter().GetValue(), nil
+			case mt.Gauge != nil:
+				return mt.GetGauge().GetValue(), nil
+			case mt.Histogram != nil:
+				return float64(mt.GetHistogram().GetSampleCount()), nil
+			}
+		}
+		return 0, errors.New("no such series")
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"grouped_snapshotter_operations_total", map[string]string{"operation": "prepare"}, 2},
+		{"grouped_snapshotter_operations_total", map[string]string{"operation": "commit"}, 1},
+		{"grouped_snapshotter_operations_total", map[string]string{"operation": "stat"}, 1},
+		{"grouped_snapshotter_operations_total", map[string]string{"operation": "cleanup"}, 1},
+		{"grouped_snapshotter_operation_errors_total", map[string]string{"operation": "stat"}, 1},
+		{"grouped_snapshotter_operation_duration_seconds", map[string]string{"operation": "prepare"}, 2},
+		// A bind for "a", an overlay of one lower for "b".
+		{"grouped_snapshotter_mount_layers", nil, 2},
+		{"grouped_snapshotter_mount_lowerdir_bytes", nil, 1},
+		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindActive.String()}, 1},
+		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindCommitted.String()}, 1},
+		{"grouped_snapshotter_views", nil, 0},
+		// The views directory's own private bind mount (bind, then
+		// MS_PRIVATE); no view.
+		{"grouped_snapshotter_mount_syscalls_total", nil, 2},
+	} {
+		got, err := value(c.name, c.labels)
+		if err != nil || got != c.want {
+			t.Errorf("%s%v = %v (%v), want %v", c.name, c.labels, got, err, c.want)
+		}
+	}
+	if _, err := value("grouped_snapshotter_operation_errors_total", map[string]string{"operation": "prepare"}); err == nil {
+		t.Error("prepare has an error series, but no prepare failed")
+	}
+}

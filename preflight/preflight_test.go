@@ -1,0 +1,123 @@
+package preflight
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The checks that read only files: containerd's configuration (with its
+// imports) and the helpers; Run against a live containerd and daemon is
+// covered by integration.TestOperations.
+
+const goodProxy = `version = 3
+[proxy_plugins.grouped]
+  type = "snapshot"
+  address = "/run/gs/gs.sock"
+  capabilities = ["remap-ids"]
+  [proxy_plugins.grouped.exports]
+    root = "/var/lib/gs"
+`
+
+const goodUnpack = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "grouped"
+  differ = "walking"
+`
+
+func configOptions(path string) Options {
+	return Options{Name: "grouped", Root: "/var/lib/gs", Address: "/run/gs/gs.sock", ContainerdConfig: path}
+}
+
+func statuses(results []Result) map[string]Result {
+	out := map[string]Result{}
+	for _, r := range results {
+		out[r.Name] = r
+	}
+	return out
+}
+
+func TestCheckContainerdConfig(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		main, dropIn string
+		config       Status // containerd-config
+		unpack       Status // containerd-unpack, "" if not reached
+		detail       string // in the containerd-config detail
+	}{
+		{name: "complete", main: goodProxy + goodUnpack, config: OK, unpack: OK},
+		{name: "from a drop-in", main: "version = 3\nimports = [\"conf.d/*.toml\"]\n", dropIn: goodProxy + goodUnpack, config: OK, unpack: OK},
+		{name: "no proxy plugin", main: "version = 3\n" + goodUnpack, config: Fail, detail: "no [proxy_plugins.grouped]"},
+		{name: "no unpack config", main: goodProxy, config: OK, unpack: Fail},
+		{name: "rebase declared", main: strings.Replace(goodProxy, `["remap-ids"]`, `["remap-ids", "rebase"]`, 1) + goodUnpack, config: Fail, unpack: OK, detail: `"rebase"`},
+		{name: "no remap-ids", main: strings.Replace(goodProxy, `["remap-ids"]`, `[]`, 1) + goodUnpack, config: Fail, unpack: OK, detail: "remap-ids"},
+		{name: "other address", main: strings.Replace(goodProxy, "/run/gs/gs.sock", "/run/other.sock", 1) + goodUnpack, config: Fail, unpack: OK, detail: "/run/other.sock"},
+		{name: "other exports.root", main: strings.Replace(goodProxy, `root = "/var/lib/gs"`, `root = "/elsewhere"`, 1) + goodUnpack, config: Fail, unpack: OK, detail: "exports.root"},
+		{name: "not a snapshot plugin", main: strings.Replace(goodProxy, `type = "snapshot"`, `type = "content"`, 1) + goodUnpack, config: Fail, unpack: OK, detail: `type is "content"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "config.toml")
+			if err := os.WriteFile(path, []byte(c.main), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if c.dropIn != "" {
+				if err := os.MkdirAll(filepath.Join(dir, "conf.d"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "conf.d", "gs.toml"), []byte(c.dropIn), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := statuses(CheckContainerdConfig(configOptions(path)))
+			if r := got["containerd-config"]; r.Status != c.config || !strings.Contains(r.Detail, c.detail) {
+				t.Errorf("containerd-config: %s %q, want %s containing %q", r.Status, r.Detail, c.config, c.detail)
+			}
+			if r, ok := got["containerd-unpack"]; r.Status != c.unpack || ok != (c.unpack != "") {
+				t.Errorf("containerd-unpack: %s %q, want %q", r.Status, r.Detail, c.unpack)
+			}
+			if Failed(CheckContainerdConfig(configOptions(path))) != (c.config == Fail || c.unpack == Fail) {
+				t.Errorf("Failed disagrees with the results %+v", got)
+			}
+		})
+	}
+}
+
+func TestCheckContainerdConfigUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte("version = \n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "missing.toml"), bad} {
+		r := statuses(CheckContainerdConfig(configOptions(path)))["containerd-config"]
+		if r.Status != Fail {
+			t.Errorf("%s: %s %q, want a failure", path, r.Status, r.Detail)
+		}
+	}
+}
+
+func TestMajorVersion(t *testing.T) {
+	for v, want := range map[string]int{"v2.4.2": 2, "2.0.5": 2, "v1.7.27": 1, "": -1, "dev": -1} {
+		if got := majorVersion(v); got != want {
+			t.Errorf("majorVersion(%q) = %d, want %d", v, got, want)
+		}
+	}
+}
+
+func TestExistingAncestor(t *testing.T) {
+	dir := t.TempDir()
+	got, err := existingAncestor(filepath.Join(dir, "a", "b", "c"))
+	if err != nil || got != dir {
+		t.Errorf("existingAncestor = %q, %v; want %q", got, err, dir)
+	}
+}
+
+func TestBytesString(t *testing.T) {
+	for n, want := range map[uint64]string{512 << 20: "512.0 MiB", 3 << 30: "3.0 GiB", 1536 << 20: "1.5 GiB"} {
+		if got := bytesString(n); got != want {
+			t.Errorf("bytesString(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
