@@ -700,7 +700,13 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return nil, err
 	}
 
-	var result []mount.Mount
+	var (
+		result []mount.Mount
+		// madeID and madeDirs are what the last build made, for a commit
+		// that fails after build succeeded.
+		madeID   string
+		madeDirs []string
+	)
 	// build runs in the write transaction. It cleans up after itself
 	// before returning an error, while the transaction is still open: its
 	// rollback frees the snapshot's ID, and a creation that takes the ID
@@ -745,7 +751,9 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		}
 		// Build and check the mount now, so a chain the kernel cannot mount
 		// fails here rather than at container start.
-		result, err = s.mounts(snap, mapping, viewName)
+		if result, err = s.mounts(snap, mapping, viewName); err == nil {
+			madeID, madeDirs = snap.ID, made
+		}
 		return err
 	}
 	if s.views != nil && mapping != nil && parent != "" {
@@ -757,12 +765,46 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		})
 	}
 	if err != nil {
+		var ce *commitError
+		if errors.As(err, &ce) {
+			s.removeUnowned(ctx, madeID, madeDirs)
+		}
 		if testHooks.createFailed != nil {
 			testHooks.createFailed()
 		}
 		return nil, err
 	}
 	return result, nil
+}
+
+// removeUnowned removes the directories of a creation whose transaction
+// failed to commit, unless snapshot id belongs to someone by now: the
+// failed commit freed the ID, and a concurrent creation may have taken it
+// and made its own directories there. A write transaction, rolled back
+// (the disk may be full), keeps creations out while it checks and removes.
+func (s *Snapshotter) removeUnowned(ctx context.Context, id string, dirs []string) {
+	if len(dirs) == 0 {
+		return
+	}
+	tctx, t, err := s.ms.TransactionContext(ctx, true)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
+		return
+	}
+	defer t.Rollback()
+	ids, err := storage.IDMap(tctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
+		return
+	}
+	if _, taken := ids[id]; taken {
+		return
+	}
+	for _, dir := range dirs {
+		if err := os.RemoveAll(dir); err != nil {
+			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
+		}
+	}
 }
 
 // makeDirs creates a new snapshot's upper directory (and its work

@@ -57,10 +57,18 @@ func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx con
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit metadata: %w", err)
+		return &commitError{err: err}
 	}
 	return nil
 }
+
+// commitError is a transaction whose fn succeeded but whose commit failed
+// (a full disk, say): nothing of it is stored, and its snapshot IDs are free
+// again.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return "commit metadata: " + e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
 
 func viewsBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	if !create {
