@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,6 +117,12 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	fmt.Fprintf(&b, "      [%s.containerd.runtimes.runc.options]\n", runtime)
 	fmt.Fprintf(&b, "        BinaryName = %s\n        Root = %s\n        SystemdCgroup = false\n\n",
 		q(e.Tools.Path("runc")), q(e.runcRoot()))
+	for _, name := range slices.Sorted(maps.Keys(e.criRuntimes)) {
+		fmt.Fprintf(&b, "    [%s.containerd.runtimes.%s]\n      runtime_type = \"io.containerd.runc.v2\"\n      snapshotter = %s\n", runtime, q(name), q(e.criRuntimes[name]))
+		fmt.Fprintf(&b, "      [%s.containerd.runtimes.%s.options]\n", runtime, q(name))
+		fmt.Fprintf(&b, "        BinaryName = %s\n        Root = %s\n        SystemdCgroup = false\n\n",
+			q(e.Tools.Path("runc")), q(e.runcRoot()))
+	}
 
 	fmt.Fprintf(&b, "[plugins.'io.containerd.grpc.v1.cri']\n  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n")
 	return b.String()
@@ -155,6 +163,12 @@ func usernsOptions(m *IDMap) map[string]any {
 // RunPod starts a pod sandbox named name (on the CNI network, in a user
 // namespace when userns is set) and returns its id.
 func (c *CRI) RunPod(ctx context.Context, name string, userns *IDMap) (string, error) {
+	return c.RunPodOn(ctx, name, userns, "")
+}
+
+// RunPodOn is RunPod with the runtime handler named handler (one of
+// Options.CRIRuntimes; "" is the default handler).
+func (c *CRI) RunPodOn(ctx context.Context, name string, userns *IDMap, handler string) (string, error) {
 	c.mu.Lock()
 	c.n++
 	uid := fmt.Sprintf("%s-%d", name, c.n)
@@ -176,7 +190,11 @@ func (c *CRI) RunPod(ctx context.Context, name string, userns *IDMap) (string, e
 	if err := writeJSON(path, cfg); err != nil {
 		return "", err
 	}
-	out, err := c.Crictl(ctx, "runp", path)
+	args := []string{"runp", path}
+	if handler != "" {
+		args = []string{"runp", "--runtime", handler, path}
+	}
+	out, err := c.Crictl(ctx, args...)
 	if err != nil {
 		return "", err
 	}

@@ -57,6 +57,11 @@ type Options struct {
 	// what the installer declares. A test sets "rebase" to check that a
 	// stale registration fails clearly instead of unpacking a wrong tree.
 	SnapshotterCapabilities []string
+	// CRIRuntimes are extra CRI runtime handlers (name -> snapshotter), each
+	// running runc like the default handler but with its own snapshotter:
+	// pods started on one (CRI.RunPodOn) unpack their images into it at
+	// container creation if they were pulled into another.
+	CRIRuntimes map[string]string
 }
 
 // ProxyCapabilities are the capabilities the installer declares for the
@@ -81,11 +86,12 @@ type Env struct {
 	// CRI is set when Options.CRI was.
 	CRI *CRI
 
-	logf      func(format string, args ...any)
-	hostState hostState
-	withCRI   bool
-	extraTOML string
-	imports   bool
+	logf        func(format string, args ...any)
+	hostState   hostState
+	withCRI     bool
+	criRuntimes map[string]string
+	extraTOML   string
+	imports     bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
 	closed       bool
@@ -133,6 +139,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		logf:            opts.Logf,
 		hostState:       recordHostState(),
 		withCRI:         opts.CRI,
+		criRuntimes:     opts.CRIRuntimes,
 		extraTOML:       opts.ContainerdConfig,
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,
