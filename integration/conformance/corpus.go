@@ -139,8 +139,8 @@ func attrLayers() ([]*layer, error) {
 	l1.dir("a", 0o755, root)
 	l1.dir("a/hl", 0o755, root)
 	l1.file("a/hl/orig", 0o644, u, "linked within layer 1\n")
-	l1.hardlink("a/hl/same-layer", "a/hl/orig")
-	l1.hardlink("a/hl/same-layer-2", "a/hl/orig")
+	l1.hardlink("a/hl/same-layer", "a/hl/orig", 0o644, u)
+	l1.hardlink("a/hl/same-layer-2", "a/hl/orig", 0o644, u)
 	l1.dir("a/sym", 0o755, root)
 	l1.symlink("a/sym/abs", "/etc/passwd")
 	l1.symlink("a/sym/rel", "../hl/orig")
@@ -184,7 +184,7 @@ func attrLayers() ([]*layer, error) {
 	l2 := newLayer()
 	l2.dir("a/hl", 0o755, root)
 	l2.file("a/hl/l2", 0o600, u, "linked within layer 2\n")
-	l2.hardlink("a/hl/l2-link", "a/hl/l2")
+	l2.hardlink("a/hl/l2-link", "a/hl/l2", 0o600, u)
 	// Same content, new owner and mode; new xattrs.
 	l2.file("a/ids/1000", 0o600, owner{2000, 3000}, "1000\n")
 	l2.file("a/x/user", 0o644, root, "user xattrs\n", "user.one", "changed")
@@ -245,6 +245,6 @@ func lowerLinkLayers() ([]*layer, error) {
 	l1.file("h/lower", 0o640, owner{1000, 2000}, "linked from layer 2\n")
 	l2 := newLayer()
 	l2.dir("h", 0o755, root)
-	l2.hardlink("h/to-lower", "h/lower")
+	l2.hardlink("h/to-lower", "h/lower", 0o640, owner{1000, 2000})
 	return []*layer{l1, l2}, nil
 }

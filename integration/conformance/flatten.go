@@ -159,11 +159,17 @@ func (f *flattener) add(p string, m member) error {
 		if !ok {
 			return fmt.Errorf("hard link %s to missing %s", p, target)
 		}
-		// A hard link is the target's inode: its attributes, not the
-		// header's.
+		// A hard link is the target's inode. containerd's applier then
+		// sets the header's mode and owner on it, for every name.
+		n.inode = t.inode
+		mode, uid, gid := e.Mode, e.UID, e.GID
+		for _, o := range f.tree {
+			if o.inode == t.inode {
+				o.entry.Mode, o.entry.UID, o.entry.GID = mode, uid, gid
+			}
+		}
 		e = t.entry
 		e.Path = p
-		n.inode = t.inode
 	default:
 		return fmt.Errorf("%s: tar type %q not in the corpus", p, h.Typeflag)
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -148,6 +150,30 @@ func buildManifestTool(ctx context.Context, bin string) error {
 		return fmt.Errorf("go build ./integration/cmd/manifest: %w\n%s", err, out.Bytes())
 	}
 	return nil
+}
+
+// topChainID returns the chain ID of ref's top layer: the name of the
+// committed snapshot an unpack of the whole image leaves in a snapshotter.
+func topChainID(ctx context.Context, ref string) (string, error) {
+	layers, err := registryLayers(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	var chain string
+	for i, l := range layers {
+		h := sha256.New()
+		if _, err := io.Copy(h, l); err != nil {
+			return "", fmt.Errorf("layer %d of %s: %w", i+1, ref, err)
+		}
+		diffID := "sha256:" + hex.EncodeToString(h.Sum(nil))
+		if chain == "" {
+			chain = diffID
+		} else {
+			sum := sha256.Sum256([]byte(chain + " " + diffID))
+			chain = "sha256:" + hex.EncodeToString(sum[:])
+		}
+	}
+	return chain, nil
 }
 
 // registryLayers fetches the layers of ref (host/repo:tag) from the

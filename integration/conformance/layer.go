@@ -76,8 +76,11 @@ func (l *layer) symlink(name, target string) {
 }
 
 // hardlink links name to target, a path of this layer or of a lower one.
-func (l *layer) hardlink(name, target string) {
-	l.add(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, Mode: 0o644}, nil)
+// Like tar writers, it repeats the target's mode and owner in the link's
+// header: containerd's applier sets the header's mode and owner on the
+// (shared) inode after linking.
+func (l *layer) hardlink(name, target string, mode int64, o owner) {
+	l.add(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, Mode: mode, Uid: o.uid, Gid: o.gid}, nil)
 }
 
 func (l *layer) fifo(name string, mode int64, o owner) {

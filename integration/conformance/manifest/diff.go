@@ -33,10 +33,10 @@ func under(p string, dirs []string) bool {
 
 // Compare returns the differences between want and got, as lines naming
 // the path and both sides, in path order, at most limit of them (and a
-// count of the rest), after leaving out both sides' mount points. Nil means
-// the trees are equal.
-func Compare(want, got Manifest, wantName, gotName string, limit int) []string {
-	skip := slices.Concat(want.Mounts, got.Mounts)
+// count of the rest), after leaving out both sides' mount points and the
+// paths in skip. Nil means the trees are equal.
+func Compare(want, got Manifest, wantName, gotName string, limit int, skip ...string) []string {
+	skip = slices.Concat(want.Mounts, got.Mounts, skip)
 	return CompareEntries(want.Filter(skip), got.Filter(skip), wantName, gotName, limit)
 }
 
