@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/integration/conformance/manifest"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
@@ -41,7 +40,7 @@ func TestMain(m *testing.M) {
 // the sequential overlayfs unpack of the first Env: overlayfs in parallel
 // mode loses parent directories' owners (the parallel applier knows no parent layers).
 func TestConformanceContainerd24(t *testing.T) {
-	var oracles map[string]manifest.Manifest
+	var oracle *suite
 	t.Run("sequential", func(t *testing.T) {
 		env := startEnv(t, harness.Options{
 			CRI:              true,
@@ -50,16 +49,17 @@ func TestConformanceContainerd24(t *testing.T) {
 		})
 		s := newSuite(env, "v2.4.2")
 		s.buildOracles(t)
-		oracles = s.oracles
+		oracle = s
 		s.checkAll(t, ctrPath("ctr-pull"), crictlPath("crictl-pull"), criCreatePath, nerdctlPath)
 	})
 	t.Run("max_concurrent_unpacks=4", func(t *testing.T) {
-		if oracles == nil {
+		if oracle == nil {
 			t.Fatal("no oracle trees: the sequential subtest did not run or failed early")
 		}
 		env := startEnv(t, harness.Options{CRI: true, ContainerdConfig: parallelUnpack})
 		s := newSuite(env, "v2.4.2 max_concurrent_unpacks=4")
-		maps.Copy(s.oracles, oracles)
+		maps.Copy(s.oracles, oracle.oracles)
+		maps.Copy(s.oracleErrs, oracle.oracleErrs)
 		s.checkAll(t, ctrPath("ctr-pull"), crictlPath("crictl-pull"))
 	})
 }
