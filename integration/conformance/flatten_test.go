@@ -38,16 +38,16 @@ func TestFlattenWhiteouts(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"/w/readd":       `"/w/readd" file 0600 1000:1000 size=28 sha256=`,
-		"/w/dir":         `"/w/dir" dir 0750 1000:1000`,
-		"/o/opq/new":     `"/o/opq/new" file 0644 0:0`,
-		"/o/again/new":   `"/o/again/new" file 0644 0:0`,
-		"/r/f2d":         `"/r/f2d" dir 0705 1000:1000`,
-		"/r/d2f":         `"/r/d2f" file 0600 1000:1000`,
-		"/r/f2d2f":       `"/r/f2d2f" file 0644 0:0`,
-		"/deep":          `"/deep" dir 0700 1000:1000`,
-		"/deep/sub":      `"/deep/sub" dir 0750 1001:1001`,
-		"/deep/sub/new":  `"/deep/sub/new" file 0644 1001:1001`,
+		"/w/readd":      `"/w/readd" file 0600 1000:1000 size=28 sha256=`,
+		"/w/dir":        `"/w/dir" dir 0750 1000:1000`,
+		"/o/opq/new":    `"/o/opq/new" file 0644 0:0`,
+		"/o/again/new":  `"/o/again/new" file 0644 0:0`,
+		"/r/f2d":        `"/r/f2d" dir 0705 1000:1000`,
+		"/r/d2f":        `"/r/d2f" file 0600 1000:1000`,
+		"/r/f2d2f":      `"/r/f2d2f" file 0644 0:0`,
+		"/deep":         `"/deep" dir 0700 1000:1000`,
+		"/deep/sub":     `"/deep/sub" dir 0750 1001:1001`,
+		"/deep/sub/new": `"/deep/sub/new" file 0644 1001:1001`,
 	}
 	if _, ok := tree["/o/deep/a/sibling"]; !ok {
 		t.Error("/o/deep/a/sibling was hidden by an opaque marker in a/b")
