@@ -41,7 +41,9 @@ func TestMain(m *testing.M) {
 // max_concurrent_unpacks = 4, ctr pull and crictl pull, which must stay
 // exact because grouped does not declare "rebase". The oracle is always
 // the sequential overlayfs unpack of the first Env: overlayfs in parallel
-// mode loses parent directories' owners (the parallel applier knows no parent layers).
+// mode loses parent directories' owners (the parallel applier knows no
+// parent layers). Last, ctr pull with grouped in its other idmap mode
+// (shim).
 func TestConformanceContainerd24(t *testing.T) {
 	var oracle *suite
 	t.Run("sequential", func(t *testing.T) {
@@ -65,15 +67,32 @@ func TestConformanceContainerd24(t *testing.T) {
 		maps.Copy(s.oracleErrs, oracle.oracleErrs)
 		s.checkAll(t, ctrPath("ctr-pull"), crictlPath("crictl-pull"))
 	})
+	t.Run("idmap=shim", func(t *testing.T) {
+		// The other idmap mode: the shim, not grouped's view, idmaps the
+		// user-namespaced containers' layers.
+		if oracle == nil {
+			t.Fatal("no oracle trees: the sequential subtest did not run or failed early")
+		}
+		env := startEnv(t, harness.Options{IDMap: "shim"})
+		s := newSuite(env, "v2.4.2 grouped idmap=shim")
+		maps.Copy(s.oracles, oracle.oracles)
+		maps.Copy(s.oracleErrs, oracle.oracleErrs)
+		s.checkAll(t, ctrPath("ctr-pull"))
+	})
 }
 
 // TestConformanceContainerd20 covers containerd v2.0.5 (ctr pull through
 // its transfer service), with its own sequential overlayfs oracle.
 func TestConformanceContainerd20(t *testing.T) {
-	env := startEnv(t, harness.Options{Containerd: harness.ContainerdV2_0, ContainerdConfig: overlayUnpackConfig})
+	env := startEnv(t, harness.Options{
+		Containerd:       harness.ContainerdV2_0,
+		CRI:              true,
+		CRIRuntimes:      map[string]string{handlerGrouped: harness.SnapshotterGrouped, handlerOverlayfs: harness.SnapshotterOverlayfs},
+		ContainerdConfig: overlayUnpackConfig,
+	})
 	s := newSuite(env, "v2.0.5")
 	s.buildOracles(t)
-	s.checkAll(t, ctrPath("ctr-pull"))
+	s.checkAll(t, ctrPath("ctr-pull"), crictlPath("crictl-pull"), criCreatePath, nerdctlPath)
 }
 
 // TestRebaseDeclaredFails registers grouped with the stale capability list

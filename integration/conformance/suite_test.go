@@ -99,6 +99,11 @@ func (s *suite) buildOracles(t *testing.T) {
 				return
 			}
 			t.Logf("%d layers unpacked into overlayfs in %s", s.layerCount(img), time.Since(t0).Round(time.Millisecond))
+			if top, err := topChainID(ctx, ref); err != nil {
+				t.Fatal(err)
+			} else if has, err := hasSnapshot(ctx, s.env, s.env.Namespace, harness.SnapshotterOverlayfs, top); err != nil || !has {
+				t.Fatalf("the oracle pull left no overlayfs snapshot %s (%v)", top, err)
+			}
 			t.Cleanup(func() {
 				if err := oraclePath.remove(context.Background(), s.env, ref); err != nil {
 					t.Errorf("remove %s: %v", ref, err)

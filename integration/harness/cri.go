@@ -101,7 +101,13 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	fmt.Fprintf(&b, "[%s]\n  snapshotter = %s\n", images, q(e.SnapshotterName))
 	fmt.Fprintf(&b, "  [%s.pinned_images]\n    sandbox = %s\n", images, q(c.PauseRef))
 	// A plain-HTTP registry needs a hosts.toml; CRI reads them from here.
-	fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n\n", images, q(ctrd.HostsDir))
+	fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n", images, q(ctrd.HostsDir))
+	// Pulls for a pod of an extra handler unpack into its snapshotter
+	// (containerd 2.0 reads it only from here).
+	for _, name := range slices.Sorted(maps.Keys(e.criRuntimes)) {
+		fmt.Fprintf(&b, "  [%s.runtime_platforms.%s]\n    snapshotter = %s\n", images, q(name), q(e.criRuntimes[name]))
+	}
+	b.WriteString("\n")
 
 	runtime := "plugins.'io.containerd.cri.v1.runtime'"
 	fmt.Fprintf(&b, "[%s]\n", runtime)
@@ -111,7 +117,11 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	// Network namespaces live under containerd's state, not /var/run/netns.
 	b.WriteString("  netns_mounts_under_state_dir = true\n")
 	fmt.Fprintf(&b, "  cdi_spec_dirs = [%s]\n", q(filepath.Join(c.Dir, "cdi")))
-	fmt.Fprintf(&b, "  [%s.cni]\n    bin_dirs = [%s]\n    conf_dir = %s\n", runtime, q(c.Network.BinDir), q(c.Network.ConfDir))
+	binDirs := fmt.Sprintf("bin_dirs = [%s]", q(c.Network.BinDir))
+	if e.ContainerdVersion == ContainerdV2_0 {
+		binDirs = "bin_dir = " + q(c.Network.BinDir) // bin_dirs came with 2.1
+	}
+	fmt.Fprintf(&b, "  [%s.cni]\n    %s\n    conf_dir = %s\n", runtime, binDirs, q(c.Network.ConfDir))
 	fmt.Fprintf(&b, "  [%s.containerd]\n    default_runtime_name = \"runc\"\n", runtime)
 	fmt.Fprintf(&b, "    [%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", runtime)
 	fmt.Fprintf(&b, "      [%s.containerd.runtimes.runc.options]\n", runtime)
