@@ -67,9 +67,9 @@ func (s *suite) checkDiff(t *testing.T, img image, remap bool) {
 		layers[sn] = entries
 	}
 	want, got := layers[harness.SnapshotterOverlayfs], layers[harness.SnapshotterGrouped]
-	diffs := compareLines(want, got, maxDiffs)
+	diffs, n := compareLines(want, got, maxDiffs)
 	r := result{config: s.config, image: img.name, path: "ctr snapshots diff of a changed container", userns: remap,
-		entries: len(want), diffs: len(diffs), outcome: "equal"}
+		entries: len(want), diffs: n, outcome: "equal"}
 	if len(diffs) > 0 {
 		r.outcome, r.detail = "DIFFERENT", fmt.Sprintf("overlayfs's layer has %d entries, grouped's %d:\n%s", len(want), len(got), strings.Join(diffs, "\n"))
 		t.Errorf("grouped's diff layer differs from overlayfs's: %s", r.detail)
@@ -155,8 +155,9 @@ func tarEntries(r io.Reader) ([]string, error) {
 	return lines, nil
 }
 
-// compareLines lists the lines only one side has, at most limit of them.
-func compareLines(want, got []string, limit int) []string {
+// compareLines lists the lines only one side has, at most limit of them,
+// and counts them all.
+func compareLines(want, got []string, limit int) ([]string, int) {
 	in := func(xs []string) map[string]bool {
 		m := map[string]bool{}
 		for _, x := range xs {
@@ -176,8 +177,9 @@ func compareLines(want, got []string, limit int) []string {
 			diffs = append(diffs, "only grouped:   "+x)
 		}
 	}
-	if len(diffs) > limit {
-		diffs = append(diffs[:limit], fmt.Sprintf("... and %d more", len(diffs)-limit))
+	n := len(diffs)
+	if n > limit {
+		diffs = append(diffs[:limit], fmt.Sprintf("... and %d more", n-limit))
 	}
-	return diffs
+	return diffs, n
 }

@@ -115,9 +115,12 @@ func (s *suite) buildOracles(t *testing.T) {
 					t.Fatalf("run the manifest tool (userns=%v): %v", remap, err)
 				}
 				s.oracles[oracleKey(img.name, remap)] = m
-				diffs := checkFlattened(flat, m, remap)
+				if err := checkUIDMap(m, remap); err != nil {
+					t.Fatal(err)
+				}
+				diffs, n := checkFlattened(flat, m, remap)
 				r := result{config: s.config, image: img.name, path: "oracle: overlayfs vs Go flattening", userns: remap,
-					entries: len(flat), diffs: len(diffs), outcome: "equal"}
+					entries: len(flat), diffs: n, outcome: "equal"}
 				if len(diffs) > 0 {
 					r.outcome, r.detail = "DIFFERENT", strings.Join(diffs, "\n")
 					t.Errorf("overlayfs's tree of %s (userns=%v) differs from the flattened layers:\n%s", img.name, remap, r.detail)
@@ -132,7 +135,7 @@ func (s *suite) buildOracles(t *testing.T) {
 // root directory (the snapshot's) and, in a user namespace, xattrs other
 // than user.* (the kernel presents security.capability relative to the
 // namespace's root).
-func checkFlattened(flat []manifest.Entry, m manifest.Manifest, remap bool) []string {
+func checkFlattened(flat []manifest.Entry, m manifest.Manifest, remap bool) ([]string, int) {
 	var got []manifest.Entry
 	for _, e := range m.Filter(m.Mounts) {
 		if e.Path != "/" {
@@ -223,9 +226,12 @@ func (s *suite) check(t *testing.T, p unpackPath, img image) {
 			fail(remap, fmt.Errorf("%s: grouped lacks the image's top layer %s after the run", p.name, top))
 		}
 		want := s.oracles[oracleKey(img.name, remap)]
-		diffs := manifest.Compare(want, got, "overlayfs", "grouped", maxDiffs, saltedPaths...)
+		if err := checkUIDMap(got, remap); err != nil {
+			fail(remap, err)
+		}
+		diffs, n := manifest.Compare(want, got, "overlayfs", "grouped", maxDiffs, saltedPaths...)
 		r := result{config: s.config, image: img.name, path: p.name, userns: remap,
-			entries: len(want.Filter(slices.Concat(want.Mounts, got.Mounts, saltedPaths))), diffs: len(diffs), outcome: "equal"}
+			entries: len(want.Filter(slices.Concat(want.Mounts, got.Mounts, saltedPaths))), diffs: n, outcome: "equal"}
 		if len(diffs) > 0 {
 			r.outcome, r.detail = "DIFFERENT", strings.Join(diffs, "\n")
 			t.Errorf("grouped's tree of %s via %s (userns=%v) differs from overlayfs's:\n%s", img.name, p.name, remap, r.detail)
@@ -287,4 +293,17 @@ func (s *suite) checkAll(t *testing.T, paths ...unpackPath) {
 			t.Run(p.name+"/"+img.name, func(t *testing.T) { s.check(t, p, img) })
 		}
 	}
+}
+
+// checkUIDMap checks that the tool ran in the user namespace the variant
+// asks for: the test must compare what it claims to.
+func checkUIDMap(m manifest.Manifest, remap bool) error {
+	want := "0:0:4294967295"
+	if remap {
+		want = fmt.Sprintf("0:%d:%d", userns.HostID, userns.Size)
+	}
+	if m.UIDMap != want {
+		return fmt.Errorf("the manifest tool ran with uid_map %q, want %q", m.UIDMap, want)
+	}
+	return nil
 }

@@ -34,14 +34,15 @@ func under(p string, dirs []string) bool {
 // Compare returns the differences between want and got, as lines naming
 // the path and both sides, in path order, at most limit of them (and a
 // count of the rest), after leaving out both sides' mount points and the
-// paths in skip. Nil means the trees are equal.
-func Compare(want, got Manifest, wantName, gotName string, limit int, skip ...string) []string {
+// paths in skip, and how many differences there are in all. Nil means the
+// trees are equal.
+func Compare(want, got Manifest, wantName, gotName string, limit int, skip ...string) ([]string, int) {
 	skip = slices.Concat(want.Mounts, got.Mounts, skip)
 	return CompareEntries(want.Filter(skip), got.Filter(skip), wantName, gotName, limit)
 }
 
 // CompareEntries compares two sorted entry lists like Compare.
-func CompareEntries(want, got []Entry, wantName, gotName string, limit int) []string {
+func CompareEntries(want, got []Entry, wantName, gotName string, limit int) ([]string, int) {
 	var diffs []string
 	total := 0
 	add := func(format string, args ...any) {
@@ -70,5 +71,5 @@ func CompareEntries(want, got []Entry, wantName, gotName string, limit int) []st
 	if total > len(diffs) {
 		diffs = append(diffs, fmt.Sprintf("... and %d more differences", total-len(diffs)))
 	}
-	return diffs
+	return diffs, total
 }

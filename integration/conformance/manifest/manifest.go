@@ -68,12 +68,17 @@ type Manifest struct {
 	// everything beneath them: the container runtime made them (/proc,
 	// /dev, /sys, /etc/hosts, ...), they are not the snapshot's.
 	Mounts []string
+	// UIDMap is the walker's /proc/self/uid_map, one "inside:outside:size"
+	// per range, comma-separated: it shows which user namespace the tree
+	// was seen from.
+	UIDMap string
 }
 
 // line is one line of the printed form: an entry or an excluded mount.
 type line struct {
-	Entry *Entry `json:"e,omitempty"`
-	Mount string `json:"mount,omitempty"`
+	Entry  *Entry `json:"e,omitempty"`
+	Mount  string `json:"mount,omitempty"`
+	UIDMap string `json:"uidmap,omitempty"`
 }
 
 // Write prints m as JSON lines: short lines survive CRI's log format,
@@ -81,6 +86,11 @@ type line struct {
 func Write(w io.Writer, m Manifest) error {
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
+	if m.UIDMap != "" {
+		if err := enc.Encode(line{UIDMap: m.UIDMap}); err != nil {
+			return err
+		}
+	}
 	for _, mp := range m.Mounts {
 		if err := enc.Encode(line{Mount: mp}); err != nil {
 			return err
@@ -113,6 +123,8 @@ func Parse(r io.Reader) (Manifest, error) {
 			m.Entries = append(m.Entries, *l.Entry)
 		case l.Mount != "":
 			m.Mounts = append(m.Mounts, l.Mount)
+		case l.UIDMap != "":
+			m.UIDMap = l.UIDMap
 		default:
 			return m, fmt.Errorf("manifest line %d: neither an entry nor a mount: %.80q", n, text)
 		}

@@ -57,7 +57,10 @@ func TestWalkAndRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := Compare(m, back, "walked", "parsed", 5); d != nil {
+	if back.UIDMap != m.UIDMap || m.UIDMap == "" {
+		t.Errorf("uid_map %q parsed back as %q", m.UIDMap, back.UIDMap)
+	}
+	if d, _ := Compare(m, back, "walked", "parsed", 5); d != nil {
 		t.Errorf("round trip differs:\n%s", strings.Join(d, "\n"))
 	}
 }
@@ -68,11 +71,11 @@ func TestCompare(t *testing.T) {
 	a := Manifest{Entries: []Entry{{Path: "/", Type: "dir", Mode: 0o755}, {Path: "/a", Type: "file"}, {Path: "/etc/hosts", Type: "file"}}}
 	b := Manifest{Entries: []Entry{{Path: "/", Type: "dir", Mode: 0o755}, {Path: "/a", Type: "file", Mode: 0o600}, {Path: "/b", Type: "dir"}},
 		Mounts: []string{"/etc/hosts"}}
-	d := Compare(a, b, "x", "y", 10)
-	if len(d) != 2 || !strings.Contains(d[0], `"/a" file 0000`) || !strings.Contains(d[0], `"/a" file 0600`) || !strings.HasPrefix(d[1], "only in y: \"/b\"") {
+	d, n := Compare(a, b, "x", "y", 10)
+	if n != 2 || len(d) != 2 || !strings.Contains(d[0], `"/a" file 0000`) || !strings.Contains(d[0], `"/a" file 0600`) || !strings.HasPrefix(d[1], "only in y: \"/b\"") {
 		t.Errorf("unexpected differences: %q", d)
 	}
-	if d := Compare(a, a, "x", "y", 10); d != nil {
+	if d, n := Compare(a, a, "x", "y", 10); d != nil || n != 0 {
 		t.Errorf("a tree differs from itself: %q", d)
 	}
 }

@@ -28,6 +28,9 @@ func Walk(root string, exclude []string) (Manifest, error) {
 		return Manifest{}, err
 	}
 	m := Manifest{Mounts: mounts}
+	if m.UIDMap, err = uidMap(); err != nil {
+		return m, err
+	}
 	type inode struct{ dev, ino uint64 }
 	first := map[inode]string{}
 	members := map[inode][]int{}
@@ -202,4 +205,17 @@ func unescape(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// uidMap returns /proc/self/uid_map as "inside:outside:size[,...]".
+func uidMap() (string, error) {
+	data, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return "", fmt.Errorf("read uid_map: %w", err)
+	}
+	var ranges []string
+	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		ranges = append(ranges, strings.Join(strings.Fields(l), ":"))
+	}
+	return strings.Join(ranges, ","), nil
 }
