@@ -54,10 +54,10 @@ func writeResults(elapsed time.Duration) error {
 	fmt.Fprintf(&b, "Written by `go test ./integration/conformance/` (%s, %s total). ", time.Now().UTC().Format("2006-01-02 15:04 UTC"), elapsed.Round(time.Second))
 	b.WriteString("Each row: the image unpacked into grouped by one containerd unpack path, a container run from it (plain, or in a user namespace 0:" +
 		fmt.Sprint(usernsHost) + ":" + fmt.Sprint(usernsSize) + "), its tree as printed from inside (`integration/cmd/manifest`) compared with the tree of the same image unpacked SEQUENTIALLY by containerd's overlayfs on the same containerd release. " +
-		"`oracle` rows check overlayfs itself against an independent flattening of the image's layers in Go. "+
-		"Left out of every comparison: each side's mount points and what is under them (/proc, /dev, /sys, and /etc/hosts, /etc/hostname, /etc/resolv.conf under CRI: the runtime's, not the image's), "+
-		"the test's own /.gs-manifest and /.gs-salt, and /layers/001 (it names the salted copy of the base image). "+
-		"Each unpack path pulls its own copy of the image (a different base layer), so no path reuses another's snapshots. "+
+		"`oracle` rows check overlayfs itself against an independent flattening of the image's layers in Go. " +
+		"Left out of every comparison: each side's mount points and what is under them (/proc, /dev, /sys, and /etc/hosts, /etc/hostname, /etc/resolv.conf under CRI: the runtime's, not the image's), " +
+		"the test's own /.gs-manifest and /.gs-salt, and /layers/001 (it names the salted copy of the base image). " +
+		"Each unpack path pulls its own copy of the image (a different base layer), so no path reuses another's snapshots. " +
 		"The `entries` column counts the entries compared; `differences` counts all of them (the sections below list the first ones).\n\n")
 	b.WriteString("| containerd / config | image | unpack path | userns | result | entries | differences |\n|---|---|---|---|---|---|---|\n")
 	counts := map[string]int{}
