@@ -19,7 +19,7 @@ const (
 // way its containers are then run.
 type unpackPath struct {
 	name string
-	// ns is the containerd namespace the path unpacks in.
+	// ns is the containerd namespace the path unpacks in; "" is the Env's.
 	ns string
 	// unpack pulls ref so that its layers end up in grouped, by the time
 	// the first run has started.
