@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,7 +101,13 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	fmt.Fprintf(&b, "[%s]\n  snapshotter = %s\n", images, q(e.SnapshotterName))
 	fmt.Fprintf(&b, "  [%s.pinned_images]\n    sandbox = %s\n", images, q(c.PauseRef))
 	// A plain-HTTP registry needs a hosts.toml; CRI reads them from here.
-	fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n\n", images, q(ctrd.HostsDir))
+	fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n", images, q(ctrd.HostsDir))
+	// Pulls for a pod of an extra handler unpack into its snapshotter
+	// (containerd 2.0 reads it only from here).
+	for _, name := range slices.Sorted(maps.Keys(e.criRuntimes)) {
+		fmt.Fprintf(&b, "  [%s.runtime_platforms.%s]\n    snapshotter = %s\n", images, q(name), q(e.criRuntimes[name]))
+	}
+	b.WriteString("\n")
 
 	runtime := "plugins.'io.containerd.cri.v1.runtime'"
 	fmt.Fprintf(&b, "[%s]\n", runtime)
@@ -109,12 +117,22 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	// Network namespaces live under containerd's state, not /var/run/netns.
 	b.WriteString("  netns_mounts_under_state_dir = true\n")
 	fmt.Fprintf(&b, "  cdi_spec_dirs = [%s]\n", q(filepath.Join(c.Dir, "cdi")))
-	fmt.Fprintf(&b, "  [%s.cni]\n    bin_dirs = [%s]\n    conf_dir = %s\n", runtime, q(c.Network.BinDir), q(c.Network.ConfDir))
+	binDirs := fmt.Sprintf("bin_dirs = [%s]", q(c.Network.BinDir))
+	if e.ContainerdVersion == ContainerdV2_0 {
+		binDirs = "bin_dir = " + q(c.Network.BinDir) // bin_dirs came with 2.1
+	}
+	fmt.Fprintf(&b, "  [%s.cni]\n    %s\n    conf_dir = %s\n", runtime, binDirs, q(c.Network.ConfDir))
 	fmt.Fprintf(&b, "  [%s.containerd]\n    default_runtime_name = \"runc\"\n", runtime)
 	fmt.Fprintf(&b, "    [%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", runtime)
 	fmt.Fprintf(&b, "      [%s.containerd.runtimes.runc.options]\n", runtime)
 	fmt.Fprintf(&b, "        BinaryName = %s\n        Root = %s\n        SystemdCgroup = false\n\n",
 		q(e.Tools.Path("runc")), q(e.runcRoot()))
+	for _, name := range slices.Sorted(maps.Keys(e.criRuntimes)) {
+		fmt.Fprintf(&b, "    [%s.containerd.runtimes.%s]\n      runtime_type = \"io.containerd.runc.v2\"\n      snapshotter = %s\n", runtime, q(name), q(e.criRuntimes[name]))
+		fmt.Fprintf(&b, "      [%s.containerd.runtimes.%s.options]\n", runtime, q(name))
+		fmt.Fprintf(&b, "        BinaryName = %s\n        Root = %s\n        SystemdCgroup = false\n\n",
+			q(e.Tools.Path("runc")), q(e.runcRoot()))
+	}
 
 	fmt.Fprintf(&b, "[plugins.'io.containerd.grpc.v1.cri']\n  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n")
 	return b.String()
@@ -155,6 +173,12 @@ func usernsOptions(m *IDMap) map[string]any {
 // RunPod starts a pod sandbox named name (on the CNI network, in a user
 // namespace when userns is set) and returns its id.
 func (c *CRI) RunPod(ctx context.Context, name string, userns *IDMap) (string, error) {
+	return c.RunPodOn(ctx, name, userns, "")
+}
+
+// RunPodOn is RunPod with the runtime handler named handler (one of
+// Options.CRIRuntimes; "" is the default handler).
+func (c *CRI) RunPodOn(ctx context.Context, name string, userns *IDMap, handler string) (string, error) {
 	c.mu.Lock()
 	c.n++
 	uid := fmt.Sprintf("%s-%d", name, c.n)
@@ -176,7 +200,11 @@ func (c *CRI) RunPod(ctx context.Context, name string, userns *IDMap) (string, e
 	if err := writeJSON(path, cfg); err != nil {
 		return "", err
 	}
-	out, err := c.Crictl(ctx, "runp", path)
+	args := []string{"runp", path}
+	if handler != "" {
+		args = []string{"runp", "--runtime", handler, path}
+	}
+	out, err := c.Crictl(ctx, args...)
 	if err != nil {
 		return "", err
 	}

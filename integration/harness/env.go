@@ -61,6 +61,11 @@ type Options struct {
 	// built from the repository (an upgrade test starts with the previous
 	// release's).
 	SnapshotterBin string
+	// CRIRuntimes are extra CRI runtime handlers (name -> snapshotter), each
+	// running runc like the default handler but with its own snapshotter:
+	// pods started on one (CRI.RunPodOn) unpack their images into it at
+	// container creation if they were pulled into another.
+	CRIRuntimes map[string]string
 }
 
 // ProxyCapabilities are the capabilities the installer declares for the
@@ -85,11 +90,12 @@ type Env struct {
 	// CRI is set when Options.CRI was.
 	CRI *CRI
 
-	logf      func(format string, args ...any)
-	hostState hostState
-	withCRI   bool
-	extraTOML string
-	imports   bool
+	logf        func(format string, args ...any)
+	hostState   hostState
+	withCRI     bool
+	criRuntimes map[string]string
+	extraTOML   string
+	imports     bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
 	// snapshotterBin is Options.SnapshotterBin.
@@ -139,6 +145,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		logf:            opts.Logf,
 		hostState:       recordHostState(),
 		withCRI:         opts.CRI,
+		criRuntimes:     opts.CRIRuntimes,
 		extraTOML:       opts.ContainerdConfig,
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,

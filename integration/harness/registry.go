@@ -76,3 +76,10 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Crane runs crane against the registry (plain HTTP), for tests that build
+// images of their own on top of Image's.
+func (r *Registry) Crane(ctx context.Context, args ...string) error { return r.crane(ctx, args...) }
+
+// BuildDir is where images are built before they are pushed.
+func (r *Registry) BuildDir() string { return filepath.Join(r.dir, "build") }

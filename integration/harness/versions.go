@@ -29,6 +29,9 @@ const (
 // ContainerdVersions lists the containerd releases the harness supports.
 var ContainerdVersions = []string{ContainerdV2_4, ContainerdV2_0}
 
+// optionalTools are the tools directory's entries only some Envs use.
+var optionalTools = []string{"crictl", "nerdctl", "cni"}
+
 // containerdBinaries are the binaries that come with a containerd release.
 var containerdBinaries = []string{"containerd", "ctr", "containerd-shim-runc-v2"}
 
@@ -68,6 +71,16 @@ func (e *Env) useContainerd(ctx context.Context, version string) error {
 				return fmt.Errorf("containerd %s: %w (run hack/install-tools.sh)", version, err)
 			}
 			if err := os.Symlink(target, filepath.Join(links, name)); err != nil && !os.IsExist(err) {
+				return fmt.Errorf("link %s: %w", name, err)
+			}
+		}
+		// The optional tools (crictl, nerdctl, the CNI plugins' cni/) work
+		// with every release: link those the tools directory has.
+		for _, name := range optionalTools {
+			if _, err := os.Stat(e.Tools.Path(name)); err != nil {
+				continue
+			}
+			if err := os.Symlink(e.Tools.Path(name), filepath.Join(links, name)); err != nil && !os.IsExist(err) {
 				return fmt.Errorf("link %s: %w", name, err)
 			}
 		}
