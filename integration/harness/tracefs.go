@@ -80,6 +80,11 @@ type MountTrace struct {
 	// syscalls are the sys_enter_* events enabled.
 	syscalls []string
 	stopped  bool
+	// names are the command names of the threads listed at the start,
+	// read from /proc: tracefs prints "<...>" for a thread whose name fell
+	// out of its small cache, and no event of the trace names a thread
+	// that existed before it (a daemon's worker thread, say).
+	names map[string]string
 }
 
 // StartMountTrace starts counting the mount-family syscalls of pids (every
@@ -171,6 +176,12 @@ func (tr *MountTrace) addPIDs(pids []int) error {
 				if !added[tid] {
 					added[tid] = true
 					fresh = append(fresh, strconv.Itoa(tid))
+					if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid)); err == nil {
+						if tr.names == nil {
+							tr.names = map[string]string{}
+						}
+						tr.names[strconv.Itoa(tid)] = strings.TrimSpace(string(comm))
+					}
 				}
 			}
 		}
@@ -268,9 +279,9 @@ func (tr *MountTrace) read() (MountCounts, error) {
 		if err != nil {
 			return nil, fmt.Errorf("keep trace in %s: %w", keep, err)
 		}
-		return ParseTrace(bytes.NewReader(data))
+		return parseTrace(bytes.NewReader(data), tr.names)
 	}
-	return ParseTrace(f)
+	return parseTrace(f, tr.names)
 }
 
 // release removes the instance and the private tracefs mount.
@@ -344,7 +355,11 @@ var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*
 // on a line it does not understand and when the header says events were
 // lost (buffer overrun). A call whose exit event says it failed with EBUSY
 // is counted under its name + BusySuffix instead of its name.
-func ParseTrace(r io.Reader) (MountCounts, error) {
+func ParseTrace(r io.Reader) (MountCounts, error) { return parseTrace(r, nil) }
+
+// parseTrace is ParseTrace with the names of threads known before the
+// trace began (pid -> command name), overridden by the trace's events.
+func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 	counts := MountCounts{}
 	// entered holds, per thread, the command name and syscall of its last
 	// enter event, for its exit event (a thread makes one call at a time).
@@ -352,7 +367,10 @@ func ParseTrace(r io.Reader) (MountCounts, error) {
 	entered := map[string]call{}
 	// names holds the command name of each pid as the scheduler events of
 	// the trace tell it, to name lines tracefs prints as "<...>".
-	names := map[string]string{}
+	names := maps.Clone(initial)
+	if names == nil {
+		names = map[string]string{}
+	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	n := 0
