@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,6 +34,10 @@ func run() error {
 	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
+	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
+	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
+	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
+	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	flag.Parse()
 
 	if *out == "" {
@@ -66,6 +72,25 @@ func run() error {
 	}
 	if *name != "" {
 		cfg.Name = *name
+	}
+	if *scenarios != "" {
+		cfg.Scenarios = strings.Split(*scenarios, ",")
+	}
+	if *versions != "" {
+		cfg.Versions = strings.Split(*versions, ",")
+	}
+	if *pullLayers != "" {
+		cfg.PullLayers = nil
+		for _, f := range strings.Split(*pullLayers, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				return fmt.Errorf("-pull-layers: bad layer count %q", f)
+			}
+			cfg.PullLayers = append(cfg.PullLayers, n)
+		}
+	}
+	if *pullReps > 0 {
+		cfg.PullReps = *pullReps
 	}
 	t0 := time.Now()
 	cfg.Logf = func(format string, args ...any) {
