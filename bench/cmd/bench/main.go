@@ -37,6 +37,7 @@ func run() error {
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
+	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	flag.Parse()
 
@@ -79,14 +80,15 @@ func run() error {
 	if *versions != "" {
 		cfg.Versions = strings.Split(*versions, ",")
 	}
+	var err error
 	if *pullLayers != "" {
-		cfg.PullLayers = nil
-		for _, f := range strings.Split(*pullLayers, ",") {
-			n, err := strconv.Atoi(f)
-			if err != nil || n < 1 {
-				return fmt.Errorf("-pull-layers: bad layer count %q", f)
-			}
-			cfg.PullLayers = append(cfg.PullLayers, n)
+		if cfg.PullLayers, err = layerCounts("pull-layers", *pullLayers); err != nil {
+			return err
+		}
+	}
+	if *startLayers != "" {
+		if cfg.StartLayers, err = layerCounts("start-layers", *startLayers); err != nil {
+			return err
 		}
 	}
 	if *pullReps > 0 {
@@ -110,6 +112,19 @@ func run() error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	return nil
+}
+
+// layerCounts parses flag's comma-separated layer counts.
+func layerCounts(flag, s string) ([]int, error) {
+	var counts []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-%s: bad layer count %q", flag, f)
+		}
+		counts = append(counts, n)
+	}
+	return counts, nil
 }
 
 // write saves the raw results, the Markdown report and the charts, and
