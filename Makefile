@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick install uninstall
+.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick bench-readme install uninstall
 
 all: build
 
@@ -38,6 +38,11 @@ bench: tools
 
 bench-quick: tools
 	$(GO) run ./bench/cmd/bench -quick -name quick
+
+# Regenerates the README's benchmark tables (between the bench-tables
+# markers) from bench/results/latest.json; no root or tools needed.
+bench-readme:
+	$(GO) run ./bench/cmd/bench -render bench/results/latest.json -readme README.md
 
 vet:
 	$(GO) vet ./...

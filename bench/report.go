@@ -20,7 +20,7 @@ func Markdown(res *Results, charts []string, notes string) string {
 			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)
 	}
 	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d), contenders interleaved (rotated each repetition). ",
-		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, cfg.PullReps)
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, pullReps(res))
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	writeMachine(&b, res.Machine)
 	writeMethod(&b, cfg)
@@ -342,6 +342,9 @@ func writePulls(b *strings.Builder, res *Results) {
 	}
 	cfg := res.Config
 	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull. Unpack is sequential (containerd's default) unless the row says parallel (`max_concurrent_unpacks`, only for snapshotters declaring `rebase`). The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval (n = pairs where both pulls succeeded).\n\n")
+	if legacyPulls(res) {
+		b.WriteString(legacyPullNote(res))
+	}
 	b.WriteString("| containerd | layers | contender | unpack | time, s | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|---|\n")
 	for _, v := range versionsOf(cfg) {
 		for _, n := range cfg.PullLayers {

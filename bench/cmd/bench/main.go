@@ -34,12 +34,16 @@ func run() error {
 	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
+	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	flag.Parse()
+	if *readme != "" && *render == "" {
+		return errors.New("-readme needs -render FILE.json")
+	}
 
 	if *out == "" {
 		repo, err := harness.FindRepoRoot()
@@ -57,6 +61,17 @@ func run() error {
 		res = &bench.Results{}
 		if err := json.Unmarshal(data, res); err != nil {
 			return fmt.Errorf("decode %s: %w", *render, err)
+		}
+		if *readme != "" {
+			old, err := os.ReadFile(*readme)
+			if err != nil {
+				return err
+			}
+			updated, err := bench.UpdateReadme(old, res)
+			if err != nil {
+				return fmt.Errorf("%s: %w", *readme, err)
+			}
+			return os.WriteFile(*readme, updated, 0o644)
 		}
 		if *name != "" {
 			res.Config.Name = *name
