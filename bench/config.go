@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
@@ -128,6 +129,11 @@ type Config struct {
 	// PullReps is the number of interleaved repetitions of every pull
 	// (scenario 3), enough for a bootstrap confidence interval.
 	PullReps int
+	// PullBudget bounds one contender's pulls of one image: once they have
+	// taken longer in total and at least 3 succeeded, its remaining
+	// repetitions are skipped (erofs's sequential 400-layer pull takes
+	// minutes; the report gives each ratio's number of pairs). 0: none.
+	PullBudget time.Duration
 	// UnpackConcurrency is containerd's transfer-service
 	// max_concurrent_unpacks of the parallel-unpack variants of contenders
 	// that declare "rebase" (on releases that have it). Every other
@@ -152,6 +158,7 @@ func Full() Config {
 		Bursts:            []BurstShape{{30, 1, 50}, {10, 3, 50}, {30, 1, 400}},
 		PullLayers:        []int{1, 50, 400},
 		PullReps:          15,
+		PullBudget:        5 * time.Minute,
 		APIOps:            200,
 		APIParentLayers:   10,
 		MemoryChains:      9,
@@ -173,6 +180,7 @@ func Quick() Config {
 		Bursts:            []BurstShape{{10, 1, 50}},
 		PullLayers:        []int{1, 50},
 		PullReps:          5,
+		PullBudget:        2 * time.Minute,
 		APIOps:            50,
 		APIParentLayers:   10,
 		MemoryChains:      2,

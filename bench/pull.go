@@ -53,17 +53,28 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				return nil, err
 			}
 		}
-		failures := make([]int, len(st.envs))
+		failures, successes := make([]int, len(st.envs)), make([]int, len(st.envs))
+		spent := make([]time.Duration, len(st.envs))
 		for rep := range cfg.PullReps {
 			for _, i := range rotated(rep, all) {
 				if failures[i] >= pullGiveUp {
 					continue
 				}
+				if cfg.PullBudget > 0 && spent[i] > cfg.PullBudget && successes[i] >= 3 {
+					if successes[i]+failures[i] == rep {
+						st.logf("pull %s %d layers %s: %s spent in %d pulls, over the budget of %s: skipping its other repetitions", st.version, n, st.contenders[i].Name, spent[i].Round(time.Second), rep, cfg.PullBudget)
+					}
+					continue
+				}
 				env, c := st.envs[i], st.contenders[i]
 				t0 := time.Now()
 				perr := env.Pull(ctx, ref)
-				row := PullRow{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, Parallel: c.ParallelUnpack, Seconds: time.Since(t0).Seconds()}
-				if perr != nil {
+				took := time.Since(t0)
+				spent[i] += took
+				row := PullRow{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, Parallel: c.ParallelUnpack, Seconds: took.Seconds()}
+				if perr == nil {
+					successes[i]++
+				} else {
 					row.Err = shortError(perr)
 					if failures[i]++; failures[i] == pullGiveUp {
 						st.logf("pull %s %d layers %s: failed %d times, skipping its other repetitions", st.version, n, c.Name, pullGiveUp)

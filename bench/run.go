@@ -96,9 +96,14 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 // buildImages builds the start and burst images (one name, every layer
 // count) in the registry and returns their references by layer count.
 func buildImages(ctx context.Context, cfg Config, registry *harness.Registry) (map[int]string, error) {
-	counts := slices.Clone(cfg.StartLayers)
+	var counts []int
+	if cfg.runs("starts") {
+		counts = slices.Clone(cfg.StartLayers)
+	}
 	for _, b := range cfg.Bursts {
-		counts = append(counts, b.Layers)
+		if cfg.runs("bursts") {
+			counts = append(counts, b.Layers)
+		}
 	}
 	slices.Sort(counts)
 	counts = slices.Compact(counts)
