@@ -85,11 +85,16 @@ func TraceStart(ctx context.Context, env *harness.Env, ref string, userns bool, 
 }
 
 // shortError keeps the end of ctr's error: the kernel's or containerd's
-// reason, without the command line.
+// reason, without the command line or ctr's output.
 func shortError(err error) string {
 	s := strings.TrimSpace(err.Error())
 	if i := strings.LastIndex(s, "ctr: "); i >= 0 {
 		s = s[i+len("ctr: "):]
+		// ctr's own message is one line; its stdout (a pull's progress)
+		// follows.
+		if j := strings.IndexByte(s, '\n'); j >= 0 {
+			s = s[:j]
+		}
 	}
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > 160 {

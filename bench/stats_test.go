@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -112,5 +113,12 @@ func TestBootstrapRatio(t *testing.T) {
 	}
 	if iv := BootstrapRatio(nil, nil, 100, 1); iv.N != 0 || iv.Below(10) || iv.format() != "–" {
 		t.Errorf("no pairs: got %+v", iv)
+	}
+}
+
+func TestShortError(t *testing.T) {
+	err := errors.New("ctr images pull --snapshotter erofs REF: exit status 1: time=\"x\" level=warning msg=\"DEPRECATION\"\nctr: failed to activate mounts: bucket already exists\nlayer-sha256:0123 waiting\nPulling from OCI Registry (R) elapsed: 62.0s total: 1.3 Mi (20.7 KiB/s)")
+	if got, want := shortError(err), "failed to activate mounts: bucket already exists"; got != want {
+		t.Errorf("shortError = %q, want %q", got, want)
 	}
 }
