@@ -30,9 +30,11 @@ demo: tools
 	$(GO) run ./integration/cmd/demo
 
 # Benchmarks (as root): grouped-snapshotter (idmap view and shim) against
-# containerd's overlayfs on containerd v2.4.2 and v2.0.5, interleaved.
-# Writes bench/results/<name>.{md,json,png} and prints the tables; bench
-# takes about a quarter of an hour on 2 cores, bench-quick a few minutes.
+# containerd's overlayfs (in process and behind a proxy) on containerd
+# v2.4.2 and v2.0.5, and containerd's erofs on v2.4.2, interleaved. Writes
+# bench/results/<name>.{md,json,png} and prints the tables; bench takes
+# about 40 minutes on 2 cores (15 repetitions of every pull), bench-quick
+# about 4.
 bench: tools
 	$(GO) run ./bench/cmd/bench
 
