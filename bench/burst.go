@@ -44,12 +44,16 @@ func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) 
 	for _, shape := range cfg.Bursts {
 		for rep := range cfg.Reps + 1 {
 			observed := rep == cfg.Reps
-			for _, i := range rotation(rep, len(Contenders)) {
+			for _, i := range rotated(rep, st.main()) {
+				if why := st.noImage[i][shape.Layers]; why != "" {
+					rows = append(rows, BurstRow{Version: st.version, Contender: st.contenders[i].Name, Shape: shape, Rep: rep, Observed: observed, Err: why})
+					continue
+				}
 				row, err := burst(ctx, st.envs[i], refs[shape.Layers], shape, observed, st.logf)
 				if err != nil {
-					return rows, fmt.Errorf("burst %s with %s on %s: %w", shape, Contenders[i].Name, st.version, err)
+					return rows, fmt.Errorf("burst %s with %s on %s: %w", shape, st.contenders[i].Name, st.version, err)
 				}
-				row.Version, row.Contender, row.Rep = st.version, Contenders[i].Name, rep
+				row.Version, row.Contender, row.Rep = st.version, st.contenders[i].Name, rep
 				rows = append(rows, row)
 				st.logf("burst %s %s %s rep %d observed=%v: %.2fs peak mountinfo +%d, userns forks %d, mount syscalls %d %s",
 					st.version, shape, row.Contender, rep, observed, row.Seconds, row.PeakMountinfo, row.UsernsForks, row.MountSyscalls, row.Err)

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
@@ -10,17 +12,78 @@ import (
 type Contender struct {
 	// Name labels the contender in tables and charts.
 	Name string
-	// Snapshotter is harness.SnapshotterGrouped or SnapshotterOverlayfs.
+	// Snapshotter is the harness's snapshotter: SnapshotterGrouped (a proxy
+	// plugin, whichever daemon serves it), SnapshotterOverlayfs or
+	// SnapshotterErofs (built into containerd).
 	Snapshotter string
-	// IDMap is grouped-snapshotter's idmap mode; "" for overlayfs.
+	// IDMap is grouped-snapshotter's idmap mode; "" for the others.
 	IDMap string
+	// OverlayProxy serves the proxy plugin with bench/cmd/overlay-proxy
+	// (containerd's overlay code out of process) instead of
+	// grouped-snapshotter.
+	OverlayProxy bool
+	// Rebase is set when the snapshotter declares containerd's "rebase"
+	// capability, with which containerd may unpack layers in parallel.
+	Rebase bool
+	// MinVersion is the oldest containerd release that has the snapshotter
+	// ("" for all).
+	MinVersion string
+	// ParallelUnpack runs containerd with max_concurrent_unpacks =
+	// Config.UnpackConcurrency: such a contender only pulls (scenario 3).
+	ParallelUnpack bool
 }
 
-// Contenders are compared in this order (rotated per repetition).
+// Grouped is the contender whose ratios the report gives.
+const Grouped = "grouped view"
+
+// Names of the other contenders the report and targets refer to.
+const (
+	OverlayfsName    = "overlayfs"
+	OverlayProxyName = "overlayfs behind proxy"
+	ErofsName        = "erofs"
+)
+
+// Contenders are compared in this order (rotated per repetition) in every
+// scenario; the first must be grouped view (the API and memory scenarios
+// use its daemon binary).
 var Contenders = []Contender{
-	{Name: "grouped view", Snapshotter: harness.SnapshotterGrouped, IDMap: "view"},
+	{Name: Grouped, Snapshotter: harness.SnapshotterGrouped, IDMap: "view"},
 	{Name: "grouped shim", Snapshotter: harness.SnapshotterGrouped, IDMap: "shim"},
-	{Name: "overlayfs", Snapshotter: harness.SnapshotterOverlayfs},
+	{Name: OverlayfsName, Snapshotter: harness.SnapshotterOverlayfs, Rebase: true},
+	{Name: OverlayProxyName, Snapshotter: harness.SnapshotterGrouped, OverlayProxy: true},
+	// containerd v2.1 added the EROFS snapshotter; v2.4.2's declares
+	// remap-ids and rebase itself.
+	{Name: ErofsName, Snapshotter: harness.SnapshotterErofs, Rebase: true, MinVersion: harness.ContainerdV2_4},
+}
+
+// versionLess compares containerd release tags such as "v2.0.5".
+func versionLess(a, b string) bool {
+	var pa, pb [3]int
+	fmt.Sscanf(a, "v%d.%d.%d", &pa[0], &pa[1], &pa[2])
+	fmt.Sscanf(b, "v%d.%d.%d", &pb[0], &pb[1], &pb[2])
+	return slices.Compare(pa[:], pb[:]) < 0
+}
+
+// parallelName is the name of c's parallel-unpack variant.
+func parallelName(name string) string { return name + ", parallel unpack" }
+
+// stageContenders are the contenders of one containerd release: those of
+// Contenders the release has, then a parallel-unpack variant of each that
+// declares rebase, on releases with parallel unpack.
+func stageContenders(cfg Config, version string) []Contender {
+	var cs, par []Contender
+	for _, c := range Contenders {
+		if c.MinVersion != "" && versionLess(version, c.MinVersion) {
+			continue
+		}
+		cs = append(cs, c)
+		if c.Rebase && version != harness.ContainerdV2_0 && cfg.UnpackConcurrency > 1 && cfg.runs("pulls") {
+			p := c
+			p.Name, p.ParallelUnpack = parallelName(c.Name), true
+			par = append(par, p)
+		}
+	}
+	return append(cs, par...)
 }
 
 // BurstShape is one burst of user-namespaced containers started at once.
@@ -63,11 +126,24 @@ type Config struct {
 	// MemoryActives active ones (spread over MemoryMappings mappings) make
 	// scenario 5's population.
 	MemoryChains, MemoryChainLength, MemoryActives, MemoryMappings int
+	// PullReps is the number of interleaved repetitions of every pull
+	// (scenario 3), enough for a bootstrap confidence interval.
+	PullReps int
+	// PullBudget bounds one contender's pulls of one image: once they have
+	// taken longer in total and at least 3 succeeded, its remaining
+	// repetitions are skipped (erofs's sequential 400-layer pull takes
+	// minutes; the report gives each ratio's number of pairs). 0: none.
+	PullBudget time.Duration
 	// UnpackConcurrency is containerd's transfer-service
-	// max_concurrent_unpacks on releases that have it (parallel unpack
-	// needs it above 1 and the snapshotter's "rebase" capability, which
-	// grouped-snapshotter does not declare: it unpacks sequentially).
+	// max_concurrent_unpacks of the parallel-unpack variants of contenders
+	// that declare "rebase" (on releases that have it). Every other
+	// contender runs containerd's default (sequential unpack);
+	// grouped-snapshotter does not declare rebase, so it always unpacks
+	// sequentially.
 	UnpackConcurrency int
+	// Scenarios selects scenarios by name (starts, bursts, pulls, api,
+	// memory); empty runs all.
+	Scenarios []string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
 }
@@ -80,7 +156,9 @@ func Full() Config {
 		Versions:          []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
 		StartLayers:       []int{1, 10, 50, 128, 250, 400, 500},
 		Bursts:            []BurstShape{{30, 1, 50}, {10, 3, 50}, {30, 1, 400}},
-		PullLayers:        []int{50, 400},
+		PullLayers:        []int{1, 50, 400},
+		PullReps:          15,
+		PullBudget:        5 * time.Minute,
 		APIOps:            200,
 		APIParentLayers:   10,
 		MemoryChains:      9,
@@ -100,7 +178,9 @@ func Quick() Config {
 		Versions:          []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
 		StartLayers:       []int{1, 50},
 		Bursts:            []BurstShape{{10, 1, 50}},
-		PullLayers:        []int{50},
+		PullLayers:        []int{1, 50},
+		PullReps:          5,
+		PullBudget:        2 * time.Minute,
 		APIOps:            50,
 		APIParentLayers:   10,
 		MemoryChains:      2,
@@ -111,6 +191,14 @@ func Quick() Config {
 	}
 }
 
+// ScenarioNames are the names Config.Scenarios accepts.
+var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory"}
+
+// runs reports whether scenario name is selected.
+func (c Config) runs(name string) bool {
+	return len(c.Scenarios) == 0 || slices.Contains(c.Scenarios, name)
+}
+
 // MemorySnapshots is the size of scenario 5's population.
 func (c Config) MemorySnapshots() int { return c.MemoryChains*c.MemoryChainLength + c.MemoryActives }
 
@@ -119,6 +207,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Name == "":
 		return fmt.Errorf("bench config: empty name")
+	case c.runs("pulls") && c.PullReps < 3:
+		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
 	case c.Reps < 3:
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)
 	case len(c.Versions) == 0:
@@ -127,6 +217,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: API scenario needs ops and parent layers", c.Name)
 	case c.MemoryMappings < 1 || c.MemoryActives < c.MemoryMappings || c.MemoryChains < 1 || c.MemoryChainLength > 500:
 		return fmt.Errorf("bench config %s: bad memory population", c.Name)
+	}
+	for _, s := range c.Scenarios {
+		if !slices.Contains(ScenarioNames, s) {
+			return fmt.Errorf("bench config %s: unknown scenario %q (want %v)", c.Name, s, ScenarioNames)
+		}
 	}
 	for _, v := range c.Versions {
 		if v != harness.ContainerdV2_4 && v != harness.ContainerdV2_0 {

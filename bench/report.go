@@ -2,6 +2,8 @@ package bench
 
 import (
 	"fmt"
+	"hash/fnv"
+	"math"
 	"strings"
 	"time"
 )
@@ -17,8 +19,8 @@ func Markdown(res *Results, charts []string, notes string) string {
 		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
 			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)
 	}
-	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison, contenders interleaved (rotated each repetition). ",
-		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps)
+	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d), contenders interleaved (rotated each repetition). ",
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, pullReps(res))
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	writeMachine(&b, res.Machine)
 	writeMethod(&b, cfg)
@@ -44,24 +46,58 @@ func writeMachine(b *strings.Builder, m Machine) {
 func writeMethod(b *strings.Builder, cfg Config) {
 	b.WriteString(`## Method
 
-- **Contenders:** grouped-snapshotter with ` + "`idmap = \"view\"`" + ` (one persistent idmapped view per mapping), the same daemon with ` + "`idmap = \"shim\"`" + ` (returns ` + "`uidmap=`/`gidmap=`" + ` and lets containerd's shim idmap, like overlayfs), and containerd's built-in ` + "`overlayfs`" + `. Each runs behind its own private containerd of the release under test (v2.4.2: the shim idmaps the layers' common parent once per mount; v2.0.5: once per layer), with runc 1.5.2 and identical configuration but for the snapshotter. All pull from one local registry (test images: busybox-static plus one small file per layer).
-- containerd config for every contender: ` + "`gc.v1.scheduler deletion_threshold = 1`" + ` (removed snapshots leave promptly, so each repetition starts from the same state), and on v2.4.2 ` + fmt.Sprintf("`transfer.v1.local max_concurrent_unpacks = %d`", cfg.UnpackConcurrency) + ` (parallel unpack, which containerd does only for snapshotters declaring ` + "`rebase`" + `: overlayfs does; grouped does not, so it unpacks sequentially; v2.0.5 has no parallel unpack).
+- **Contenders:** grouped-snapshotter with ` + "`idmap = \"view\"`" + ` (one persistent idmapped view per mapping), the same daemon with ` + "`idmap = \"shim\"`" + ` (returns ` + "`uidmap=`/`gidmap=`" + ` and lets containerd's shim idmap, like overlayfs), containerd's built-in ` + "`overlayfs`" + `, **overlayfs behind proxy** (containerd v2.4.2's own overlay snapshotter code, configured as the built-in one is by default, served over the snapshots gRPC API on a unix socket by ` + "`bench/cmd/overlay-proxy`" + ` and registered as a proxy plugin exactly as grouped is, capabilities ` + "`[\"remap-ids\"]`" + `: the control that separates the cost of being out of process from grouped's own work), and on v2.4.2 containerd's built-in **erofs** snapshotter. Each runs behind its own private containerd of the release under test (v2.4.2: the shim idmaps the layers' common parent once per mount; v2.0.5: once per layer), with runc 1.5.2 and identical configuration but for the snapshotter. All pull from one local registry (test images: busybox-static plus one small file per layer).
+- **erofs, honestly labelled:** it runs with the ` + "`walking`" + ` differ (` + "`unpack_config`" + ` with ` + "`snapshotter = \"erofs\"`, `differ = \"walking\"`" + `) and Debian 12's erofs-utils 1.5, which lacks ` + "`mkfs.erofs --tar`" + `: containerd's erofs differ skips itself, each layer is applied into a directory and converted to an EROFS image at commit. That is a slower pull path than containerd recommends (erofs-utils ≥ 1.7 with the erofs differ). It declares ` + "`remap-ids`" + ` and ` + "`rebase`" + ` itself. Its failures (a pull or start that fails) are results, shown in the tables.
+- containerd config for every contender: ` + "`gc.v1.scheduler deletion_threshold = 1`" + ` (removed snapshots leave promptly, so each repetition starts from the same state) and containerd's default unpack (` + "`max_concurrent_unpacks`" + ` unset: sequential). grouped-snapshotter and overlayfs behind proxy do not declare ` + "`rebase`" + `, so they always unpack sequentially. The contenders that declare ` + "`rebase`" + ` (overlayfs, erofs) also pull, on v2.4.2, behind a second containerd with ` + fmt.Sprintf("`transfer.v1.local max_concurrent_unpacks = %d`", cfg.UnpackConcurrency) + ` ("…, parallel unpack"); v2.0.5 has no parallel unpack.
+- **Pull ratios** (grouped view ÷ each other contender) are ratios of medians over interleaved repetitions, with a **bootstrap 95% confidence interval**: the repetitions' (grouped, other) pairs are resampled with replacement 10,000 times (fixed seed), the ratio of medians taken each time, and the 2.5th and 97.5th percentiles reported. A pull target counts as met only when the interval's upper end is under it.` + pullLimits(cfg) + `
 - **Syscalls** are counted with a private tracefs instance (syscall tracepoints, pid filter with event-fork) on this process, containerd and the snapshotter daemon and everything they fork: ` + "`mount umount2 open_tree move_mount mount_setattr fsopen fsconfig fsmount`" + `. "Snapshot side" = shim + containerd + ctr + snapshotter daemon; runc's own container setup is reported apart.
 - **User-namespace forks** are counted the same way from ` + "`clone`" + ` with ` + "`CLONE_NEWUSER`" + ` and ` + "`unshare(CLONE_NEWUSER)`" + ` (tracefs filters on the flags; containerd's helper and grouped's both fork through Go's ` + "`SysProcAttr.Cloneflags`" + `, i.e. ` + "`clone`" + `), by process: on the snapshot side they are the helpers forked to obtain a user-namespace fd (the shim's, or grouped-snapshotter's once per new mapping); runc's are the containers' own.
 - **Bursts** are timed without tracing or sampling; one extra, observed burst per contender then traces syscalls and forks and samples ` + "`/proc/self/mountinfo`" + ` every 10 ms (a read of mountinfo takes the mount namespace lock that mounts need, so it must not run during timed bursts). Peak mountinfo is the highest count above the count before the burst.
-- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table.
+- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table (its proxy-served control, overlayfs behind proxy, is measured through containerd in the other scenarios only).
 - **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
 
 `)
 }
 
-// contenderNames are the contender names in table order.
-func contenderNames() []string {
-	names := make([]string, len(Contenders))
-	for i, c := range Contenders {
-		names[i] = c.Name
+// pullLimits describes when a contender's pulls of an image stop early.
+func pullLimits(cfg Config) string {
+	s := fmt.Sprintf(" A contender whose pull of an image fails %d times is not repeated further (the failure is the result)", pullGiveUp)
+	if cfg.PullBudget > 0 {
+		s += fmt.Sprintf("; one whose pulls of an image have taken over %s in total, with at least 3 successful, neither (fewer pairs, a wider interval)", cfg.PullBudget)
 	}
-	return names
+	return s + "."
+}
+
+// contenderNames are the contender names in table order: Contenders,
+// then their parallel-unpack variants.
+func contenderNames() []string {
+	var names, par []string
+	for _, c := range Contenders {
+		names = append(names, c.Name)
+		par = append(par, parallelName(c.Name))
+	}
+	return append(names, par...)
+}
+
+// hasContender reports whether res has any row of contender on version:
+// contenders a release lacks (erofs on v2.0.5) get no table rows.
+func hasContender(res *Results, version, contender string) bool {
+	for _, r := range res.Starts {
+		if r.Version == version && r.Contender == contender {
+			return true
+		}
+	}
+	for _, r := range res.Bursts {
+		if r.Version == version && r.Contender == contender {
+			return true
+		}
+	}
+	for _, r := range res.Pulls {
+		if r.Version == version && r.Contender == contender {
+			return true
+		}
+	}
+	return false
 }
 
 func versionsOf(cfg Config) []string { return cfg.Versions }
@@ -109,6 +145,9 @@ func writeStarts(b *strings.Builder, res *Results, charts []string) {
 		for _, v := range versionsOf(cfg) {
 			for _, userns := range []bool{false, true} {
 				for _, c := range contenderNames() {
+					if !hasStarts(res.Starts, v, c) {
+						continue
+					}
 					fmt.Fprintf(b, "| %s | %s | %s |", v, c, yesNo(userns))
 					for _, n := range cfg.StartLayers {
 						s, failed := startSummary(res.Starts, v, c, userns, n, runc)
@@ -135,23 +174,28 @@ func writeStarts(b *strings.Builder, res *Results, charts []string) {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("Ratios, user-namespaced start, overlayfs ÷ grouped view (snapshot side):\n\n| containerd |")
+	b.WriteString("Ratios, user-namespaced start, other contender ÷ grouped view (snapshot side):\n\n| containerd | contender |")
 	for _, n := range cfg.StartLayers {
 		fmt.Fprintf(b, " %d layers |", n)
 	}
-	b.WriteString("\n|---|" + strings.Repeat("---|", len(cfg.StartLayers)) + "\n")
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(cfg.StartLayers)) + "\n")
 	for _, v := range versionsOf(cfg) {
-		fmt.Fprintf(b, "| %s |", v)
-		for _, n := range cfg.StartLayers {
-			o, of := startSummary(res.Starts, v, "overlayfs", true, n, false)
-			g, gf := startSummary(res.Starts, v, "grouped view", true, n, false)
-			if of != "" || gf != "" {
-				b.WriteString(" – |")
+		for _, other := range contenderNames() {
+			if other == Grouped || !hasStarts(res.Starts, v, other) {
 				continue
 			}
-			fmt.Fprintf(b, " %s |", ratio(o, g))
+			fmt.Fprintf(b, "| %s | %s |", v, other)
+			for _, n := range cfg.StartLayers {
+				o, of := startSummary(res.Starts, v, other, true, n, false)
+				g, gf := startSummary(res.Starts, v, Grouped, true, n, false)
+				if of != "" || gf != "" {
+					b.WriteString(" – |")
+					continue
+				}
+				fmt.Fprintf(b, " %s |", ratio(o, g))
+			}
+			b.WriteString("\n")
 		}
-		b.WriteString("\n")
 	}
 	b.WriteString("\n")
 	for _, c := range charts {
@@ -159,6 +203,15 @@ func writeStarts(b *strings.Builder, res *Results, charts []string) {
 			fmt.Fprintf(b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
 		}
 	}
+}
+
+func hasStarts(rows []StartRow, version, contender string) bool {
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender {
+			return true
+		}
+	}
+	return false
 }
 
 func yesNo(v bool) string {
@@ -192,6 +245,15 @@ func observedBurst(rows []BurstRow, version, contender string, shape BurstShape)
 	return BurstRow{}, false
 }
 
+func hasBurst(rows []BurstRow, version, contender string, shape BurstShape) bool {
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Shape == shape {
+			return true
+		}
+	}
+	return false
+}
+
 func writeBursts(b *strings.Builder, res *Results, charts []string) {
 	if len(res.Bursts) == 0 {
 		return
@@ -203,8 +265,11 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 		fmt.Fprintf(b, "### %d containers: %s\n\n", shape.Containers(), shape)
 		b.WriteString("| containerd | contender | time to all running, s | ÷ overlayfs | peak mountinfo entries (+) | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls |\n|---|---|---|---|---|---|---|---|\n")
 		for _, v := range versionsOf(cfg) {
-			ovl, _ := burstTimes(res.Bursts, v, "overlayfs", shape)
+			ovl, _ := burstTimes(res.Bursts, v, OverlayfsName, shape)
 			for _, c := range contenderNames() {
+				if !hasBurst(res.Bursts, v, c, shape) {
+					continue
+				}
 				s, failed := burstTimes(res.Bursts, v, c, shape)
 				cell := s.format("%.2f")
 				if failed != "" {
@@ -244,27 +309,90 @@ func pullTimes(rows []PullRow, version, contender string, layers int) (s Summary
 	return Summarize(vals), failed
 }
 
+// pullSamples are the seconds of contender's pulls of layers on version
+// by repetition, NaN where the pull failed or did not run.
+func pullSamples(res *Results, version, contender string, layers int) []float64 {
+	reps := res.Config.PullReps
+	for _, r := range res.Pulls {
+		reps = max(reps, r.Rep+1)
+	}
+	s := make([]float64, reps)
+	for i := range s {
+		s[i] = math.NaN()
+	}
+	for _, r := range res.Pulls {
+		if r.Version == version && r.Contender == contender && r.Layers == layers && r.Err == "" {
+			s[r.Rep] = r.Seconds
+		}
+	}
+	return s
+}
+
+// pullRatio is grouped view ÷ other on version at layers, over the pairs
+// of interleaved repetitions, with its bootstrap interval.
+func pullRatio(res *Results, version, other string, layers int) Interval {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%s/%d", version, other, layers)
+	return BootstrapRatio(pullSamples(res, version, Grouped, layers), pullSamples(res, version, other, layers), bootstrapResamples, h.Sum64())
+}
+
+func hasPulls(rows []PullRow, version, contender string, layers int) bool {
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Layers == layers {
+			return true
+		}
+	}
+	return false
+}
+
 func writePulls(b *strings.Builder, res *Results) {
 	if len(res.Pulls) == 0 {
 		return
 	}
 	cfg := res.Config
-	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull.\n\n")
-	b.WriteString("| containerd | layers | contender | time, s | ÷ overlayfs |\n|---|---|---|---|---|\n")
+	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull. Unpack is sequential (containerd's default) unless the row says parallel (`max_concurrent_unpacks`, only for snapshotters declaring `rebase`). The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval (n = pairs where both pulls succeeded).\n\n")
+	if legacyPulls(res) {
+		b.WriteString(legacyPullNote(res))
+	}
+	b.WriteString("| containerd | layers | contender | unpack | time, s | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|---|\n")
 	for _, v := range versionsOf(cfg) {
 		for _, n := range cfg.PullLayers {
-			ovl, _ := pullTimes(res.Pulls, v, "overlayfs", n)
 			for _, c := range contenderNames() {
+				if !hasPulls(res.Pulls, v, c, n) {
+					continue
+				}
 				s, failed := pullTimes(res.Pulls, v, c, n)
 				cell := s.format("%.2f")
 				if failed != "" {
-					cell = "fails: `" + failed + "`"
+					if s.N == 0 {
+						cell = "fails: `" + failed + "`"
+					} else {
+						cell += fmt.Sprintf(" (%d failed: `%s`)", countPullFailures(res.Pulls, v, c, n), failed)
+					}
 				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %s |\n", v, n, c, cell, ratio(s, ovl))
+				unpack := "sequential"
+				if strings.HasSuffix(c, parallelName("")) {
+					unpack = fmt.Sprintf("parallel (%d)", cfg.UnpackConcurrency)
+				}
+				r := "–"
+				if c != Grouped {
+					r = pullRatio(res, v, c, n).format()
+				}
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s |\n", v, n, c, unpack, cell, r)
 			}
 		}
 	}
 	b.WriteString("\n")
+}
+
+func countPullFailures(rows []PullRow, version, contender string, layers int) int {
+	n := 0
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Layers == layers && r.Err != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func apiSummary(rows []APIRow, contender, op string) (p50, p99 Summary, calls float64) {

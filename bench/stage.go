@@ -16,15 +16,42 @@ import (
 // contender, all pulling from one shared registry.
 type stage struct {
 	version string
-	// envs are indexed like Contenders.
-	envs []*harness.Env
-	logf func(format string, args ...any)
+	// contenders are this release's (stageContenders), envs indexed alike.
+	contenders []Contender
+	envs       []*harness.Env
+	// noImage[i][n] is why contender i could not pull the start image of n
+	// layers: its starts and bursts of that image are failures, not run.
+	noImage []map[int]string
+	logf    func(format string, args ...any)
+}
+
+// main returns the indices of the contenders that take part in every
+// scenario (all but the parallel-unpack variants, which only pull).
+func (st *stage) main() []int {
+	var idx []int
+	for i, c := range st.contenders {
+		if !c.ParallelUnpack {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// rotated returns the indices idx in the order of repetition rep.
+func rotated(rep int, idx []int) []int {
+	out := make([]int, len(idx))
+	for k, j := range rotation(rep, len(idx)) {
+		out[k] = idx[j]
+	}
+	return out
 }
 
 // startStage starts a private containerd of version per contender. They
 // pull from registry, whose host every Env is told is plain HTTP.
-func startStage(ctx context.Context, cfg Config, version string, registry *harness.Registry) (st *stage, err error) {
-	st = &stage{version: version, logf: cfg.Logf}
+// overlayProxy is the overlay-proxy daemon binary for contenders with
+// OverlayProxy.
+func startStage(ctx context.Context, cfg Config, version string, registry *harness.Registry, overlayProxy string) (st *stage, err error) {
+	st = &stage{version: version, logf: cfg.Logf, contenders: stageContenders(cfg, version)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, st.close())
@@ -36,27 +63,35 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 	// promptly, so that each repetition starts from the same state. No
 	// timed step deletes anything; the `--rm` of a traced start makes no
 	// mount call in GC (its mapping is held).
-	extra := ""
-	// containerd 2.0 unpacks one layer after the other; later releases
-	// unpack in parallel for snapshotters with "rebase" (overlayfs, not
-	// grouped) once the transfer service may run more than one unpack at
-	// a time (default 1).
-	if version != harness.ContainerdV2_0 && cfg.UnpackConcurrency > 1 {
-		extra += fmt.Sprintf("[plugins.'io.containerd.transfer.v1.local']\n  max_concurrent_unpacks = %d\n", cfg.UnpackConcurrency)
-	}
-	for _, c := range Contenders {
+	for _, c := range st.contenders {
 		t0 := time.Now()
-		env, err := harness.Start(ctx, harness.Options{
-			Snapshotter:      c.Snapshotter,
-			IDMap:            c.IDMap,
-			Containerd:       version,
-			ContainerdConfig: extra,
-			Namespace:        fmt.Sprintf("gs-bench-%d-%d", os.Getpid(), len(st.envs)),
-		})
+		opts := harness.Options{
+			Snapshotter: c.Snapshotter,
+			IDMap:       c.IDMap,
+			Containerd:  version,
+			Namespace:   fmt.Sprintf("gs-bench-%d-%d", os.Getpid(), len(st.envs)),
+		}
+		// containerd 2.0 unpacks one layer after the other; later
+		// releases unpack in parallel for snapshotters with "rebase"
+		// (overlayfs, erofs; not grouped) once the transfer service may run
+		// more than one unpack at a time (default 1). Only the
+		// parallel-unpack variants get that; the others keep the default.
+		if c.ParallelUnpack {
+			opts.ContainerdConfig = fmt.Sprintf("[plugins.'io.containerd.transfer.v1.local']\n  max_concurrent_unpacks = %d\n", cfg.UnpackConcurrency)
+		}
+		if c.OverlayProxy {
+			// containerd's overlay code declares no rebase behind the
+			// proxy either: sequential unpack, as for grouped.
+			opts.SnapshotterBin = overlayProxy
+			opts.SnapshotterCapabilities = []string{"remap-ids"}
+			opts.SnapshotterLayerDir = "snapshots"
+		}
+		env, err := harness.Start(ctx, opts)
 		if err != nil {
 			return st, fmt.Errorf("start %s on containerd %s: %w", c.Name, version, err)
 		}
 		st.envs = append(st.envs, env)
+		st.noImage = append(st.noImage, map[int]string{})
 		if err := trustRegistry(env, registry.Host); err != nil {
 			return st, err
 		}

@@ -106,11 +106,16 @@ func TraceStart(ctx context.Context, env *harness.Env, ref string, userns bool, 
 }
 
 // shortError keeps the end of ctr's error: the kernel's or containerd's
-// reason, without the command line.
+// reason, without the command line or ctr's output.
 func shortError(err error) string {
 	s := strings.TrimSpace(err.Error())
 	if i := strings.LastIndex(s, "ctr: "); i >= 0 {
 		s = s[i+len("ctr: "):]
+		// ctr's own message is one line; its stdout (a pull's progress)
+		// follows.
+		if j := strings.IndexByte(s, '\n'); j >= 0 {
+			s = s[:j]
+		}
 	}
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > 160 {
@@ -166,26 +171,35 @@ type StartRow struct {
 // exists: the figure is a start of a mapping already in use (a pod's
 // second container, a restart); bursts measure fresh mappings.
 func runStarts(ctx context.Context, cfg Config, st *stage, refs map[int]string) ([]StartRow, error) {
-	for i, env := range st.envs {
+	main := st.main()
+	for _, i := range main {
+		env := st.envs[i]
 		id := containerID("holder")
 		args := append([]string{"run", "-d", "--null-io", "--snapshotter", env.SnapshotterName}, heldMapping.flags()...)
 		if _, err := env.Ctr(ctx, append(args, refs[cfg.StartLayers[0]], id, "sleep", "3600")...); err != nil {
-			return nil, fmt.Errorf("%s: start the container holding a mapping: %w", Contenders[i].Name, err)
+			return nil, fmt.Errorf("%s: start the container holding a mapping: %w", st.contenders[i].Name, err)
 		}
 	}
 	var rows []StartRow
 	for _, n := range cfg.StartLayers {
 		for _, userns := range []bool{false, true} {
 			for rep := range cfg.Reps {
-				for _, i := range rotation(rep, len(Contenders)) {
+				for _, i := range rotated(rep, main) {
+					row := StartRow{Version: st.version, Contender: st.contenders[i].Name, Userns: userns, Layers: n, Rep: rep}
+					if why := st.noImage[i][n]; why != "" {
+						row.Err = why
+						rows = append(rows, row)
+						continue
+					}
 					c, err := TraceStart(ctx, st.envs[i], refs[n], userns, heldMapping)
 					if err != nil {
-						return rows, fmt.Errorf("%s, %d layers: %w", Contenders[i].Name, n, err)
+						return rows, fmt.Errorf("%s, %d layers: %w", st.contenders[i].Name, n, err)
 					}
-					rows = append(rows, StartRow{Version: st.version, Contender: Contenders[i].Name, Userns: userns, Layers: n, Rep: rep, StartCount: c})
+					row.StartCount = c
+					rows = append(rows, row)
 				}
 			}
-			st.logf("starts %s, %d layers, userns=%v: %s", st.version, n, userns, lastCells(rows, len(Contenders)*cfg.Reps))
+			st.logf("starts %s, %d layers, userns=%v: %s", st.version, n, userns, lastCells(rows, len(main)*cfg.Reps))
 		}
 	}
 	return rows, nil

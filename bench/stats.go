@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -61,4 +62,79 @@ func ratio(a, b Summary) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", a.Median/b.Median)
+}
+
+// Interval is a ratio with its bootstrap 95% confidence interval.
+type Interval struct {
+	// N is the number of pairs it rests on (0: no estimate).
+	N                int
+	Ratio, Low, High float64
+}
+
+// bootstrapResamples is the number of resamples of BootstrapRatio.
+const bootstrapResamples = 10000
+
+// BootstrapRatio estimates median(a) ÷ median(b) from paired samples (a[i]
+// and b[i] measured in the same interleaved repetition) with a percentile
+// bootstrap 95% confidence interval: the pairs are resampled with
+// replacement, keeping each pair together, resamples times. seed makes it
+// reproducible: the same samples always give the same interval. Pairs with
+// a missing side (NaN) are dropped.
+func BootstrapRatio(a, b []float64, resamples int, seed uint64) Interval {
+	var pa, pb []float64
+	for i := range min(len(a), len(b)) {
+		if math.IsNaN(a[i]) || math.IsNaN(b[i]) {
+			continue
+		}
+		pa, pb = append(pa, a[i]), append(pb, b[i])
+	}
+	n := len(pa)
+	if n == 0 {
+		return Interval{}
+	}
+	est := Summarize(pa).Median / Summarize(pb).Median
+	if resamples < 1 {
+		resamples = bootstrapResamples
+	}
+	rng := rand.New(rand.NewPCG(seed, uint64(n)))
+	ratios := make([]float64, 0, resamples)
+	ra, rb := make([]float64, n), make([]float64, n)
+	for range resamples {
+		for k := range n {
+			j := rng.IntN(n)
+			ra[k], rb[k] = pa[j], pb[j]
+		}
+		slices.Sort(ra)
+		slices.Sort(rb)
+		if mb := median(rb); mb > 0 {
+			ratios = append(ratios, median(ra)/mb)
+		}
+	}
+	if len(ratios) == 0 {
+		return Interval{N: n, Ratio: est, Low: math.NaN(), High: math.NaN()}
+	}
+	slices.Sort(ratios)
+	return Interval{N: n, Ratio: est, Low: quantile(ratios, 0.025), High: quantile(ratios, 0.975)}
+}
+
+// quantile returns the q-quantile of sorted by linear interpolation.
+func quantile(sorted []float64, q float64) float64 {
+	pos := q * float64(len(sorted)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (pos-float64(lo))*(sorted[hi]-sorted[lo])
+}
+
+// Below reports whether the interval's upper end is under limit: a target
+// counts as met only then.
+func (iv Interval) Below(limit float64) bool {
+	return iv.N > 0 && !math.IsNaN(iv.High) && iv.High < limit
+}
+
+// format renders "1.04× [0.98–1.11], n=15", or "–" without pairs.
+func (iv Interval) format() string {
+	if iv.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f× [%.2f–%.2f], n=%d", iv.Ratio, iv.Low, iv.High, iv.N)
 }

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -61,5 +63,62 @@ func TestConfigs(t *testing.T) {
 	bad.Versions = []string{"v1.7.0"}
 	if err := bad.Validate(); err == nil {
 		t.Error("unknown containerd version accepted")
+	}
+}
+
+func TestBootstrapRatio(t *testing.T) {
+	// Exact ratios: every resample gives 2.
+	b := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+	a := make([]float64, len(b))
+	for i, v := range b {
+		a[i] = 2 * v
+	}
+	if iv := BootstrapRatio(a, b, 1000, 1); iv.N != 15 || iv.Ratio != 2 || iv.Low != 2 || iv.High != 2 {
+		t.Errorf("exact ratio: got %+v, want 2 [2–2], n=15", iv)
+	}
+
+	// A clear 1.5× difference with ±5% noise, 15 interleaved pairs.
+	noise := []float64{0.97, 1.03, 1.01, 0.95, 1.05, 0.99, 1.02, 0.98, 1.04, 0.96, 1.00, 1.01, 0.97, 1.03, 0.99}
+	for i := range b {
+		b[i] = 3 * noise[(i+5)%len(noise)]
+		a[i] = 4.5 * noise[i]
+	}
+	iv := BootstrapRatio(a, b, 0, 7)
+	if !(iv.Low <= iv.Ratio && iv.Ratio <= iv.High) {
+		t.Errorf("estimate %v outside its interval [%v, %v]", iv.Ratio, iv.Low, iv.High)
+	}
+	if iv.Low < 1.35 || iv.High > 1.65 || iv.High-iv.Low < 0.01 {
+		t.Errorf("1.5× ± 5%%: interval [%v, %v] is not a narrow one around 1.5", iv.Low, iv.High)
+	}
+	if iv.Below(1.05) || !iv.Below(1.7) {
+		t.Errorf("Below: %+v under 1.05 = %v, under 1.7 = %v", iv, iv.Below(1.05), iv.Below(1.7))
+	}
+	// Reproducible: the same samples and seed give the same interval.
+	if again := BootstrapRatio(a, b, 0, 7); again != iv {
+		t.Errorf("not reproducible: %+v then %+v", iv, again)
+	}
+
+	// No difference, much noise: the interval straddles 1 and is wide, so
+	// a ≤ 1.00 target is not met even though the medians may say so.
+	x := []float64{1.0, 1.4, 0.8, 1.2, 0.9, 1.3, 0.7, 1.1}
+	y := []float64{1.2, 0.8, 1.3, 0.9, 1.1, 0.7, 1.4, 1.0}
+	if iv := BootstrapRatio(x, y, 0, 3); iv.Low >= 1 || iv.High <= 1 || iv.Below(1) {
+		t.Errorf("noise only: %+v should straddle 1", iv)
+	}
+
+	// Pairs with a failed side are dropped; none left is no estimate.
+	nan := math.NaN()
+	if iv := BootstrapRatio([]float64{1, nan, 3}, []float64{1, 2, nan}, 100, 1); iv.N != 1 || iv.Ratio != 1 {
+		t.Errorf("NaN pairs: got %+v, want n=1 ratio 1", iv)
+	}
+	if iv := BootstrapRatio(nil, nil, 100, 1); iv.N != 0 || iv.Below(10) || iv.format() != "–" {
+		t.Errorf("no pairs: got %+v", iv)
+	}
+}
+
+func TestShortError(t *testing.T) {
+	err := errors.New("ctr images pull --snapshotter erofs REF: exit status 1: time=\"x\" level=warning msg=\"DEPRECATION\"\nctr: failed to activate mounts: bucket already exists\nlayer-sha256:0123 waiting\nPulling from OCI Registry (R) elapsed: 62.0s total: 1.3 Mi (20.7 KiB/s)")
+	if got, want := shortError(err), "failed to activate mounts: bucket already exists"; got != want {
+		t.Errorf("shortError = %q, want %q", got, want)
 	}
 }

@@ -162,6 +162,10 @@ func (c *Containerd) TaskBundle(ns, id string) string {
 }
 
 // OverlayfsDir is the built-in overlayfs snapshotter's snapshots directory.
-func (c *Containerd) OverlayfsDir() string {
-	return filepath.Join(c.Root, "io.containerd.snapshotter.v1.overlayfs", "snapshots")
+func (c *Containerd) OverlayfsDir() string { return c.SnapshotsDir(SnapshotterOverlayfs) }
+
+// SnapshotsDir is the snapshots directory of the built-in snapshotter
+// plugin name (overlayfs, erofs): one entry per snapshot.
+func (c *Containerd) SnapshotsDir(name string) string {
+	return filepath.Join(c.Root, "io.containerd.snapshotter.v1."+name, "snapshots")
 }

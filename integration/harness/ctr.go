@@ -152,12 +152,13 @@ func (e *Env) TaskRootfs(id string) string {
 }
 
 // LayerDir is the directory holding one entry per snapshot of the Env's
-// snapshotter: the grouped root's l/, or overlayfs's snapshots/.
+// snapshotter: the grouped root's l/ (or Options.SnapshotterLayerDir), or
+// the built-in snapshotter's snapshots/.
 func (e *Env) LayerDir() string {
 	if e.Snapshotter != nil {
 		return e.Snapshotter.LayerDir()
 	}
-	return e.Containerd.OverlayfsDir()
+	return e.Containerd.SnapshotsDir(e.SnapshotterName)
 }
 
 // LayerDirs returns the sorted entry names of LayerDir (none if it does not

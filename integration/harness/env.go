@@ -17,6 +17,10 @@ const (
 	// SnapshotterOverlayfs is containerd's built-in overlayfs snapshotter; it
 	// lets the harness itself be checked without the daemon.
 	SnapshotterOverlayfs = "overlayfs"
+	// SnapshotterErofs is containerd's built-in EROFS snapshotter (v2.1 and
+	// later; needs mkfs.erofs from erofs-utils), unpacked with the walking
+	// differ. The benchmark compares against it.
+	SnapshotterErofs = "erofs"
 )
 
 // envCount numbers the Envs of this process, for unique namespaces.
@@ -24,7 +28,8 @@ var envCount atomic.Int64
 
 // Options configure Start.
 type Options struct {
-	// Snapshotter is SnapshotterGrouped (default) or SnapshotterOverlayfs.
+	// Snapshotter is SnapshotterGrouped (default), SnapshotterOverlayfs or
+	// SnapshotterErofs.
 	Snapshotter string
 	// Namespace is the containerd namespace ctr uses; it also names runc
 	// state and cgroups, so keep it unique. Default "gs-it-<pid>-<n>".
@@ -59,13 +64,20 @@ type Options struct {
 	SnapshotterCapabilities []string
 	// SnapshotterBin runs this grouped-snapshotter binary instead of one
 	// built from the repository (an upgrade test starts with the previous
-	// release's).
+	// release's). Any daemon accepting grouped-snapshotter's flags (--config,
+	// --root, --address, --log-level) will do: the benchmark runs
+	// containerd's overlay snapshotter behind a proxy this way.
 	SnapshotterBin string
 	// CRIRuntimes are extra CRI runtime handlers (name -> snapshotter), each
 	// running runc like the default handler but with its own snapshotter:
 	// pods started on one (CRI.RunPodOn) unpack their images into it at
 	// container creation if they were pulled into another.
 	CRIRuntimes map[string]string
+	// SnapshotterLayerDir is the directory, relative to the daemon's root,
+	// holding one entry per snapshot (Env.LayerDir); empty means "l", the
+	// grouped-snapshotter layout. containerd's overlay code served by
+	// SnapshotterBin keeps them in "snapshots".
+	SnapshotterLayerDir string
 }
 
 // ProxyCapabilities are the capabilities the installer declares for the
@@ -100,7 +112,9 @@ type Env struct {
 	capabilities []string
 	// snapshotterBin is Options.SnapshotterBin.
 	snapshotterBin string
-	closed         bool
+	// layerSubdir is Options.SnapshotterLayerDir.
+	layerSubdir string
+	closed      bool
 }
 
 // Start builds and starts everything. On failure it removes what it made.
@@ -111,8 +125,8 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 	if opts.Snapshotter == "" {
 		opts.Snapshotter = SnapshotterGrouped
 	}
-	if opts.Snapshotter != SnapshotterGrouped && opts.Snapshotter != SnapshotterOverlayfs {
-		return nil, fmt.Errorf("unknown snapshotter %q (want %q or %q)", opts.Snapshotter, SnapshotterGrouped, SnapshotterOverlayfs)
+	if opts.Snapshotter != SnapshotterGrouped && opts.Snapshotter != SnapshotterOverlayfs && opts.Snapshotter != SnapshotterErofs {
+		return nil, fmt.Errorf("unknown snapshotter %q (want %q, %q or %q)", opts.Snapshotter, SnapshotterGrouped, SnapshotterOverlayfs, SnapshotterErofs)
 	}
 	if opts.Namespace == "" {
 		opts.Namespace = fmt.Sprintf("gs-it-%d-%d", os.Getpid(), envCount.Add(1))
@@ -150,6 +164,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,
 		snapshotterBin:  opts.SnapshotterBin,
+		layerSubdir:     opts.SnapshotterLayerDir,
 	}
 	if e.capabilities == nil {
 		e.capabilities = ProxyCapabilities
@@ -186,11 +201,12 @@ func (e *Env) start(ctx context.Context, repo string) error {
 			e.logf("built %s in %s", bin, since(t0))
 		}
 		e.Snapshotter = &Snapshotter{
-			Bin:        bin,
-			Root:       filepath.Join(e.Dir, "gs"),
-			Address:    filepath.Join(e.Dir, "gs.sock"),
-			ConfigPath: snapshotterConfigPath(e.Dir),
-			LogPath:    filepath.Join(logs, "grouped-snapshotter.log"),
+			Bin:         bin,
+			Root:        filepath.Join(e.Dir, "gs"),
+			Address:     filepath.Join(e.Dir, "gs.sock"),
+			ConfigPath:  snapshotterConfigPath(e.Dir),
+			LogPath:     filepath.Join(logs, "grouped-snapshotter.log"),
+			LayerSubdir: e.layerSubdir,
 		}
 	}
 

@@ -24,6 +24,8 @@ type Snapshotter struct {
 	ConfigPath string
 	// LogPath collects the daemon's output across restarts.
 	LogPath string
+	// LayerSubdir is LayerDir relative to Root; empty means "l".
+	LayerSubdir string
 
 	proc *Process
 }
@@ -120,7 +122,12 @@ func (s *Snapshotter) PID() int {
 }
 
 // LayerDir is the directory holding every layer's and upper's files.
-func (s *Snapshotter) LayerDir() string { return filepath.Join(s.Root, "l") }
+func (s *Snapshotter) LayerDir() string {
+	if s.LayerSubdir != "" {
+		return filepath.Join(s.Root, s.LayerSubdir)
+	}
+	return filepath.Join(s.Root, "l")
+}
 
 func mkdirs(mode os.FileMode, dirs ...string) error {
 	for _, d := range dirs {

@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,7 +34,16 @@ func run() error {
 	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
+	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
+	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
+	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
+	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
+	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
+	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	flag.Parse()
+	if *readme != "" && *render == "" {
+		return errors.New("-readme needs -render FILE.json")
+	}
 
 	if *out == "" {
 		repo, err := harness.FindRepoRoot()
@@ -51,6 +62,17 @@ func run() error {
 		if err := json.Unmarshal(data, res); err != nil {
 			return fmt.Errorf("decode %s: %w", *render, err)
 		}
+		if *readme != "" {
+			old, err := os.ReadFile(*readme)
+			if err != nil {
+				return err
+			}
+			updated, err := bench.UpdateReadme(old, res)
+			if err != nil {
+				return fmt.Errorf("%s: %w", *readme, err)
+			}
+			return os.WriteFile(*readme, updated, 0o644)
+		}
 		if *name != "" {
 			res.Config.Name = *name
 		}
@@ -66,6 +88,26 @@ func run() error {
 	}
 	if *name != "" {
 		cfg.Name = *name
+	}
+	if *scenarios != "" {
+		cfg.Scenarios = strings.Split(*scenarios, ",")
+	}
+	if *versions != "" {
+		cfg.Versions = strings.Split(*versions, ",")
+	}
+	var err error
+	if *pullLayers != "" {
+		if cfg.PullLayers, err = layerCounts("pull-layers", *pullLayers); err != nil {
+			return err
+		}
+	}
+	if *startLayers != "" {
+		if cfg.StartLayers, err = layerCounts("start-layers", *startLayers); err != nil {
+			return err
+		}
+	}
+	if *pullReps > 0 {
+		cfg.PullReps = *pullReps
 	}
 	t0 := time.Now()
 	cfg.Logf = func(format string, args ...any) {
@@ -85,6 +127,19 @@ func run() error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	return nil
+}
+
+// layerCounts parses flag's comma-separated layer counts.
+func layerCounts(flag, s string) ([]int, error) {
+	var counts []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-%s: bad layer count %q", flag, f)
+		}
+		counts = append(counts, n)
+	}
+	return counts, nil
 }
 
 // write saves the raw results, the Markdown report and the charts, and

@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+func TestStageContenders(t *testing.T) {
+	names := func(cs []Contender) []string {
+		var n []string
+		for _, c := range cs {
+			n = append(n, c.Name)
+		}
+		return n
+	}
+	cfg := Full()
+	want24 := []string{Grouped, "grouped shim", OverlayfsName, OverlayProxyName, ErofsName, parallelName(OverlayfsName), parallelName(ErofsName)}
+	if got := names(stageContenders(cfg, harness.ContainerdV2_4)); !slices.Equal(got, want24) {
+		t.Errorf("v2.4.2 contenders %q, want %q", got, want24)
+	}
+	// v2.0.5 has no erofs snapshotter and no parallel unpack.
+	want20 := []string{Grouped, "grouped shim", OverlayfsName, OverlayProxyName}
+	if got := names(stageContenders(cfg, harness.ContainerdV2_0)); !slices.Equal(got, want20) {
+		t.Errorf("v2.0.5 contenders %q, want %q", got, want20)
+	}
+	// Without the pull scenario, no pull-only variants.
+	cfg.Scenarios = []string{"starts"}
+	if got := names(stageContenders(cfg, harness.ContainerdV2_4)); !slices.Equal(got, want24[:5]) {
+		t.Errorf("starts only: contenders %q, want %q", got, want24[:5])
+	}
+	// Neither grouped nor the proxy control may declare rebase: they must
+	// unpack sequentially, like grouped-snapshotter registered by its
+	// installer.
+	for _, c := range Contenders {
+		if c.Snapshotter == harness.SnapshotterGrouped && c.Rebase {
+			t.Errorf("%s declares rebase", c.Name)
+		}
+	}
+	if Contenders[0].Name != Grouped || Contenders[0].OverlayProxy {
+		t.Errorf("first contender %+v: the API scenario needs grouped view's daemon there", Contenders[0])
+	}
+	if !versionLess(harness.ContainerdV2_0, harness.ContainerdV2_4) || versionLess(harness.ContainerdV2_4, harness.ContainerdV2_4) {
+		t.Error("versionLess")
+	}
+}
+
+func TestConfigsPulls(t *testing.T) {
+	for _, cfg := range []Config{Full(), Quick()} {
+		if err := cfg.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+	if Full().PullReps < 15 {
+		t.Errorf("full config: %d pull repetitions, issue 13 asks for at least 15", Full().PullReps)
+	}
+	bad := Quick()
+	bad.Scenarios = []string{"pull"}
+	if bad.Validate() == nil {
+		t.Error("unknown scenario accepted")
+	}
+}
