@@ -16,6 +16,10 @@ no_tests_allowed=(
 	# The pause image's program, built and run as a pod sandbox by the CRI
 	# and Kubernetes tests (harness.PushPauseImage).
 	"$module/integration/cmd/pause"
+	# The manifest tool the differential conformance test builds into every
+	# image it runs (integration/conformance; its format is tested in
+	# integration/conformance/manifest).
+	"$module/integration/cmd/manifest"
 )
 
 log=$(mktemp)
