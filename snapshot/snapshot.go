@@ -7,7 +7,8 @@
 //	metadata.db  containerd's snapshot MetaStore (bbolt)
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
-//	t/           temporary directories of snapshots being created
+//	t/           temporary directories of snapshots being created by
+//	             earlier releases; only cleaned up now
 //	v/<n>        read-only idmapped views of l/, one per UID/GID mapping
 //	             in use (idmap mode "view"); v/ is a private bind mount
 //
