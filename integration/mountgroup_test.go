@@ -94,16 +94,22 @@ func writeMountSyscalls(t *testing.T, table *syscallTable) {
 // leave no mount behind.
 func startMountgroupEnv(t *testing.T, version string) *harness.Env {
 	t.Helper()
+	return startViewEnv(t, harness.Options{Containerd: version})
+}
+
+// startViewEnv is startMountgroupEnv with further options (opts.Containerd
+// set; IDMap and Logf are filled in).
+func startViewEnv(t *testing.T, opts harness.Options) *harness.Env {
+	t.Helper()
 	t0 := time.Now()
-	env, err := harness.Start(t.Context(), harness.Options{
-		Containerd: version,
-		IDMap:      "view",
-		Logf: func(format string, args ...any) {
-			if testing.Verbose() {
-				fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)
-			}
-		},
-	})
+	version := opts.Containerd
+	opts.IDMap = "view"
+	opts.Logf = func(format string, args ...any) {
+		if testing.Verbose() {
+			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)
+		}
+	}
+	env, err := harness.Start(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("start containerd %s environment: %v", version, err)
 	}

@@ -39,15 +39,7 @@ func TestPullBudgetPerLayer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestPullBudgetPerLayer needs root")
 	}
-	env, err := harness.Start(t.Context(), harness.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := env.Close(); err != nil {
-			t.Errorf("close environment: %v", err)
-		}
-	})
+	env := startViewEnv(t, harness.Options{Containerd: harness.ContainerdV2_4})
 	// The daemon serves its counters on a unix socket of its own.
 	metricsSock := env.Dir + "/m.sock"
 	if err := env.Snapshotter.Stop(); err != nil {

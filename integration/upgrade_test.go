@@ -31,21 +31,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	oldBin := buildAtCommit(t, format1Commit)
 	newBin := buildWorkingTree(t)
-	env, err := harness.Start(t.Context(), harness.Options{Containerd: harness.ContainerdV2_4, IDMap: "view", SnapshotterBin: oldBin})
-	if err != nil {
-		t.Fatalf("start an environment with the format 1 daemon: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon logs:\n%s", env.LogTail(40))
-		}
-		if err := env.Close(); err != nil {
-			t.Errorf("close environment: %v", err)
-		}
-		if left, err := harness.MountsUnder(env.Dir); err != nil || len(left) > 0 {
-			t.Errorf("%d mounts left under %s after teardown (%v): %+v", len(left), env.Dir, err, left)
-		}
-	})
+	env := startViewEnv(t, harness.Options{Containerd: harness.ContainerdV2_4, SnapshotterBin: oldBin})
 	swap := func(bin, what string) {
 		t.Helper()
 		if err := env.Snapshotter.Stop(); err != nil {

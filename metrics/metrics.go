@@ -6,15 +6,12 @@ package metrics
 
 import (
 	"context"
-	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -107,33 +104,7 @@ func (m *Metrics) observeMounts(mounts []mount.Mount) {
 // Serve serves /metrics on address until ctx ends: "host:port" for TCP or
 // "unix:///path" for a unix socket (mode 0600).
 func (m *Metrics) Serve(ctx context.Context, address string) error {
-	var (
-		l   net.Listener
-		err error
-	)
-	if path, ok := strings.CutPrefix(address, "unix://"); ok {
-		// The snapshot socket's rules: 0600, a stale socket replaced, a
-		// live one or any other file refused.
-		l, err = server.Listen(path)
-	} else {
-		l, err = net.Listen("tcp", address)
-	}
-	if err != nil {
-		return err
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.G(ctx).WithError(err).Error("metrics server stopped")
-		}
-	}()
-	return nil
+	return server.ServeHTTP(ctx, address, "metrics", mux)
 }

@@ -152,34 +152,30 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open metadata %q: %w", dbPath, err)
 	}
-	// The MetaStore opens its file lazily; open it now so a locked or
-	// corrupted file stops the daemon at start with a clear message, and is
-	// never rewritten.
-	if err := ms.WithTransaction(context.Background(), false, func(ctx context.Context) error {
-		if _, err := storage.IDMap(ctx); err != nil && !errdefs.IsNotFound(err) {
-			return err
-		}
-		return nil
-	}); err != nil {
-		ms.Close()
-		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, fmt.Errorf("metadata %q is locked: is another grouped-snapshotter running on root %q? %w", dbPath, root, errdefs.ErrUnavailable)
-		}
-		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
-	}
-	// A newer build's metadata is refused before anything is written,
-	// views directory included.
-	if err := (&Snapshotter{ms: ms}).withTx(context.Background(), false, func(_ context.Context, tx *bolt.Tx) error {
-		return checkFormat(tx, dbPath)
-	}); err != nil {
-		ms.Close()
-		return nil, err
-	}
 	options := append([]string{}, cfg.MountOptions...)
 	if !hasOption(options, "index") && supportsIndex() {
 		options = append(options, "index=off")
 	}
 	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options}
+	// The MetaStore opens its file lazily; open it now so a locked or
+	// corrupted file stops the daemon at start with a clear message, and is
+	// never rewritten. A newer build's metadata is refused here too, before
+	// anything is written, views directory included.
+	if err := s.withTx(context.Background(), false, func(ctx context.Context, tx *bolt.Tx) error {
+		if _, err := storage.IDMap(ctx); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		return checkFormat(tx, dbPath)
+	}); err != nil {
+		ms.Close()
+		switch {
+		case errors.Is(err, bolt.ErrTimeout):
+			return nil, fmt.Errorf("metadata %q is locked: is another grouped-snapshotter running on root %q? %w", dbPath, root, errdefs.ErrUnavailable)
+		case errdefs.IsFailedPrecondition(err):
+			return nil, err
+		}
+		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
+	}
 	if cfg.IDMap == IDMapView {
 		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir)); err != nil {
 			ms.Close()
