@@ -167,6 +167,17 @@ version = 3
     # kubelet reports image filesystem usage from here.
     root = "$ROOT"
 
+# The daemon is also a differ, asked first: for layers made of a
+# user-namespaced container's changes (nerdctl commit, image builds) it
+# reads the container's lower layers directly rather than through their
+# idmapped view, so the layer holds only the changes. It declines every
+# other diff and every apply, which go on to containerd's walking differ.
+[proxy_plugins.grouped-diff]
+  type = "diff"
+  address = "$SOCKET"
+[plugins.'io.containerd.service.v1.diff-service']
+  default = ["grouped-diff", "walking"]
+
 # Pulls through the transfer service (ctr, CRI) unpack only for listed
 # snapshotters; overlayfs stays listed so existing pulls keep working.
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]

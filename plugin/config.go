@@ -23,6 +23,9 @@ const (
 	DefaultRoot = "/var/lib/grouped-snapshotter"
 	// DefaultAddress is the daemon's gRPC unix socket.
 	DefaultAddress = "/run/grouped-snapshotter/grouped-snapshotter.sock"
+	// DefaultContainerdAddress is containerd's gRPC socket, whose content
+	// store receives the layers the diff plugin makes.
+	DefaultContainerdAddress = "/run/containerd/containerd.sock"
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
 )
@@ -40,6 +43,10 @@ type Config struct {
 	MountOptions []string `toml:"mount_options"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
+	// ContainerdAddress is containerd's gRPC socket. The daemon's diff
+	// plugin (proxy_plugins type "diff") writes the layers it makes into
+	// that containerd's content store; nothing else dials it.
+	ContainerdAddress string `toml:"containerd_address"`
 	// MetricsAddress serves Prometheus /metrics: "" (off), "host:port", or
 	// "unix:///path".
 	MetricsAddress string `toml:"metrics_address"`
@@ -48,10 +55,11 @@ type Config struct {
 // DefaultConfig returns the built-in defaults, used when no file exists.
 func DefaultConfig() Config {
 	return Config{
-		RootPath: DefaultRoot,
-		Address:  DefaultAddress,
-		IDMap:    string(snapshot.IDMapView),
-		LogLevel: "info",
+		RootPath:          DefaultRoot,
+		Address:           DefaultAddress,
+		ContainerdAddress: DefaultContainerdAddress,
+		IDMap:             string(snapshot.IDMapView),
+		LogLevel:          "info",
 	}
 }
 
@@ -90,6 +98,9 @@ func (c Config) Validate() error {
 	}
 	if c.Address == "" || c.Address[0] != '/' {
 		return fmt.Errorf("address %q must be an absolute socket path: %w", c.Address, errdefs.ErrInvalidArgument)
+	}
+	if c.ContainerdAddress == "" || c.ContainerdAddress[0] != '/' {
+		return fmt.Errorf("containerd_address %q must be an absolute socket path: %w", c.ContainerdAddress, errdefs.ErrInvalidArgument)
 	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "error":

@@ -26,7 +26,8 @@ func TestExampleMatchesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := DefaultConfig()
-	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || len(cfg.MountOptions) != 0 {
+	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || len(cfg.MountOptions) != 0 ||
+		cfg.ContainerdAddress != def.ContainerdAddress || cfg.MetricsAddress != def.MetricsAddress {
 		t.Errorf("example %+v differs from defaults %+v", cfg, def)
 	}
 }
@@ -40,6 +41,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"wrong type", "mount_options = \"index=on\"\n", []string{"mount_options", "line 1"}},
 		{"bad idmap", "idmap = \"kernel\"\n", []string{"idmap", "kernel"}},
 		{"relative root", "root_path = \"var/lib\"\n", []string{"root_path", "absolute"}},
+		{"relative containerd address", "containerd_address = \"containerd.sock\"\n", []string{"containerd_address", "absolute"}},
 		{"syntax", "root_path = \n", []string{"line 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

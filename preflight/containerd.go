@@ -61,6 +61,8 @@ type containerdConfig struct {
 	files   []string
 	proxies map[string]map[string]any
 	unpack  []map[string]any
+	// differs is the diff service's order of differs ("default").
+	differs []string
 }
 
 func loadContainerdConfig(path string) (*containerdConfig, error) {
@@ -89,6 +91,16 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 			}
 		}
 		if plugins, ok := doc["plugins"].(map[string]any); ok {
+			if service, ok := plugins["io.containerd.service.v1.diff-service"].(map[string]any); ok {
+				if list, ok := service["default"].([]any); ok {
+					cfg.differs = cfg.differs[:0]
+					for _, e := range list {
+						if s, ok := e.(string); ok {
+							cfg.differs = append(cfg.differs, s)
+						}
+					}
+				}
+			}
 			if transfer, ok := plugins["io.containerd.transfer.v1.local"].(map[string]any); ok {
 				if list, ok := transfer["unpack_config"].([]any); ok {
 					for _, e := range list {
@@ -174,6 +186,9 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	} else {
 		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
+	if o.IDMap != "shim" {
+		checkDiffer(o, cfg, files, add)
+	}
 	for _, u := range cfg.unpack {
 		if s, _ := u["snapshotter"].(string); s == o.Name {
 			add("containerd-unpack", OK, "transfer service unpacks for %s (platform %v)", o.Name, u["platform"])
@@ -181,4 +196,29 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		}
 	}
 	add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
+}
+
+// checkDiffer checks, for idmap "view", that containerd's diff service asks
+// the daemon's diff plugin first: without it, the layer of a user-namespaced
+// container's changes (nerdctl commit, image builds) also holds every
+// unchanged file of its image, re-owned by the mapping (see package differ).
+func checkDiffer(o Options, cfg *containerdConfig, files string, add func(string, Status, string, ...any)) {
+	var name string
+	for n, p := range cfg.proxies {
+		if t, _ := p["type"].(string); t != "diff" {
+			continue
+		}
+		if a, _ := p["address"].(string); filepath.Clean(a) == filepath.Clean(o.Address) {
+			name = n
+		}
+	}
+	const consequence = "layers made of user-namespaced containers' changes (nerdctl commit, image builds) would hold every unchanged file of the image, re-owned by the mapping"
+	switch {
+	case name == "":
+		add("containerd-diff", Warn, "no [proxy_plugins.<name>] of type \"diff\" with address %q in %s: %s", o.Address, files, consequence)
+	case len(cfg.differs) == 0 || cfg.differs[0] != name:
+		add("containerd-diff", Warn, "[plugins.'io.containerd.service.v1.diff-service'] default is %q in %s, want %q first: %s", cfg.differs, files, name, consequence)
+	default:
+		add("containerd-diff", OK, "containerd's diff service asks %s first", name)
+	}
 }

@@ -26,6 +26,43 @@ const goodUnpack = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
   differ = "walking"
 `
 
+const goodDiffer = `[proxy_plugins.grouped-diff]
+  type = "diff"
+  address = "/run/gs/gs.sock"
+[plugins.'io.containerd.service.v1.diff-service']
+  default = ["grouped-diff", "walking"]
+`
+
+// TestCheckDiffer: in view mode containerd's diff service must ask the
+// daemon's diff plugin first.
+func TestCheckDiffer(t *testing.T) {
+	for _, c := range []struct {
+		name, config, idmap string
+		want                Status // "" when the check must not run
+		detail              string
+	}{
+		{name: "registered first", config: goodDiffer, want: OK},
+		{name: "not registered", config: "", want: Warn, detail: `type "diff"`},
+		{name: "after walking", config: strings.Replace(goodDiffer, `["grouped-diff", "walking"]`, `["walking", "grouped-diff"]`, 1), want: Warn, detail: "want \"grouped-diff\" first"},
+		{name: "no order", config: strings.SplitAfter(goodDiffer, "\"/run/gs/gs.sock\"\n")[0], want: Warn, detail: "want \"grouped-diff\" first"},
+		{name: "other socket", config: strings.Replace(goodDiffer, "/run/gs/gs.sock", "/run/x.sock", 1), want: Warn, detail: "/run/gs/gs.sock"},
+		{name: "shim mode needs none", config: "", idmap: "shim"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, []byte(goodProxy+c.config+goodUnpack), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := configOptions(path)
+			o.IDMap = c.idmap
+			r, ok := statuses(CheckContainerdConfig(o))["containerd-diff"]
+			if ok != (c.want != "") || r.Status != c.want || !strings.Contains(r.Detail, c.detail) {
+				t.Errorf("containerd-diff: %v %s %q, want %q containing %q", ok, r.Status, r.Detail, c.want, c.detail)
+			}
+		})
+	}
+}
+
 func configOptions(path string) Options {
 	return Options{Name: "grouped", Root: "/var/lib/gs", Address: "/run/gs/gs.sock", ContainerdConfig: path}
 }

@@ -201,6 +201,10 @@ func (s *Snapshotter) Root() string { return s.root }
 // LayersDir returns the shared parent directory of every layer.
 func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
 
+// ViewsDir returns the directory the idmapped views of LayersDir are
+// mounted in: view <name> of LayersDir()/<layer> is ViewsDir()/<name>/<layer>.
+func (s *Snapshotter) ViewsDir() string { return filepath.Join(s.root, viewsDir) }
+
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
 		if k, _, _ := strings.Cut(o, "="); k == key {

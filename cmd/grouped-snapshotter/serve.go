@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/differ"
 	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
@@ -128,7 +129,12 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, health := server.NewGRPCServer(m.Instrument(sn), daemonAdmin{sn: sn, cfg: cfg})
+	cmp, err := differ.New(sn.LayersDir(), sn.ViewsDir(), cfg.ContainerdAddress)
+	if err != nil {
+		return err
+	}
+	defer cmp.Close()
+	srv, health := server.NewGRPCServer(m.Instrument(sn), cmp, daemonAdmin{sn: sn, cfg: cfg})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -41,15 +40,17 @@ mkdir /w/dir/newsub
 // service makes of a container's changes (`ctr snapshots diff`, as commit
 // and image builds use) must hold the same entries for grouped as for
 // overlayfs, plain and in a user namespace, in both of grouped's idmap
-// modes (view: lowerdirs through grouped's idmapped view; shim: the shim
-// idmaps, as for overlayfs).
+// modes (view: lowerdirs through grouped's idmapped view, which the
+// daemon's diff plugin, registered first in containerd's diff service as
+// the installer does, reads through the layer parent instead; shim: the
+// shim idmaps, as for overlayfs).
 func TestDiffConformance(t *testing.T) {
 	for _, mode := range []string{"view", "shim"} {
 		t.Run("idmap="+mode, func(t *testing.T) {
 			env := startEnv(t, harness.Options{IDMap: mode, ContainerdConfig: overlayUnpackConfig})
 			s := newSuite(env, "v2.4.2 diff, grouped idmap="+mode)
 			for _, remap := range []bool{false, true} {
-				t.Run(fmt.Sprintf("userns=%v", remap), func(t *testing.T) { s.checkDiff(t, corpus[0], remap, mode == "view" && remap) })
+				t.Run(fmt.Sprintf("userns=%v", remap), func(t *testing.T) { s.checkDiff(t, corpus[0], remap) })
 			}
 		})
 	}
@@ -57,17 +58,7 @@ func TestDiffConformance(t *testing.T) {
 
 // checkDiff compares the diff layers of the same changes made in an
 // overlayfs and in a grouped container of img.
-//
-// reowned marks the known limitation of view mode (issue 12, open): a
-// user-namespaced container's lowers are read through the idmapped view,
-// a path containerd's differ cannot undo (it strips uidmap=/gidmap=
-// options from its read-only mount of the container, not paths), while the
-// parent it compares with is read directly; every unchanged lower entry
-// then looks re-owned. The test then holds grouped to exactly that: every
-// entry of overlayfs's layer is in grouped's (the container's real changes
-// are right), and every other entry is a lower entry unchanged but for an
-// owner shifted by the mapping, so any other difference still fails.
-func (s *suite) checkDiff(t *testing.T, img image, remap, reowned bool) {
+func (s *suite) checkDiff(t *testing.T, img image, remap bool) {
 	layers := map[string][]string{}
 	for _, sn := range []string{harness.SnapshotterOverlayfs, harness.SnapshotterGrouped} {
 		entries, err := s.changesLayer(t, img, sn, remap)
@@ -78,10 +69,6 @@ func (s *suite) checkDiff(t *testing.T, img image, remap, reowned bool) {
 		layers[sn] = entries
 	}
 	want, got := layers[harness.SnapshotterOverlayfs], layers[harness.SnapshotterGrouped]
-	if reowned {
-		s.checkReowned(t, img, remap, want, got)
-		return
-	}
 	diffs, n := compareLines(want, got, maxDiffs)
 	r := result{config: s.config, image: img.name, path: "ctr snapshots diff of a changed container", userns: remap,
 		entries: len(want), diffs: n, outcome: "equal"}
@@ -197,64 +184,4 @@ func compareLines(want, got []string, limit int) ([]string, int) {
 		diffs = append(diffs[:limit], fmt.Sprintf("... and %d more", n-limit))
 	}
 	return diffs, n
-}
-
-// checkReowned holds a view-mode user-namespaced diff to the known
-// limitation described at checkDiff: grouped's layer is overlayfs's plus
-// entries whose owner is a mapped host ID (the view's) and that the
-// container did not change.
-func (s *suite) checkReowned(t *testing.T, img image, remap bool, want, got []string) {
-	have := map[string]bool{}
-	for _, g := range got {
-		have[g] = true
-	}
-	changed := map[string]bool{}
-	var missing, bad []string
-	for _, w := range want {
-		changed[entryName(w)] = true
-		if !have[w] {
-			missing = append(missing, w)
-		}
-	}
-	extra := 0
-	for _, g := range got {
-		if slices.Contains(want, g) {
-			continue
-		}
-		extra++
-		uid, gid, ok := entryOwner(g)
-		if changed[entryName(g)] || !ok || uid < usernsHost || uid >= usernsHost+usernsSize || gid < usernsHost || gid >= usernsHost+usernsSize {
-			bad = append(bad, g)
-		}
-	}
-	r := result{config: s.config, image: img.name, path: "ctr snapshots diff of a changed container", userns: remap,
-		entries: len(want), diffs: extra + len(missing),
-		outcome: "KNOWN LIMITATION: unchanged lower entries re-owned (view mode; issue 12 open)",
-		detail:  fmt.Sprintf("overlayfs's layer has %d entries; grouped's holds all of them and %d unchanged lower entries re-owned by the mapping", len(want), extra)}
-	if len(missing) > 0 || len(bad) > 0 {
-		r.outcome = "DIFFERENT"
-		r.detail = fmt.Sprintf("missing from grouped's layer: %q; extra entries that are not re-owned unchanged lower entries: %q", missing, bad)
-		t.Errorf("view-mode user-namespaced diff: %s", r.detail)
-	} else {
-		t.Logf("known limitation, as characterised: %s", r.detail)
-	}
-	record(r)
-}
-
-// entryName returns the quoted name a tarEntries line starts with.
-func entryName(line string) string {
-	name, _, _ := strings.Cut(line, " type=")
-	return name
-}
-
-// entryOwner parses the "uid:gid" field of a tarEntries line.
-func entryOwner(line string) (uid, gid int, ok bool) {
-	for _, f := range strings.Fields(line) {
-		if u, g, found := strings.Cut(f, ":"); found {
-			if _, err := fmt.Sscanf(u+" "+g, "%d %d", &uid, &gid); err == nil && !strings.Contains(f, "=") {
-				return uid, gid, true
-			}
-		}
-	}
-	return 0, 0, false
 }

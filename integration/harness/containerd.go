@@ -32,6 +32,9 @@ type Containerd struct {
 	proc *Process
 }
 
+// DiffProxyName is the daemon's name as containerd's proxy diff plugin.
+const DiffProxyName = "grouped-diff"
+
 // configParams are the inputs of the generated containerd config.
 type configParams struct {
 	dir          string // scratch for opt/, tmp/, shim sockets
@@ -39,7 +42,10 @@ type configParams struct {
 	proxyAddress string // grouped-snapshotter socket; "" registers no proxy
 	proxyRoot    string
 	// capabilities are the proxy plugin's declared capabilities.
-	capabilities   []string
+	capabilities []string
+	// diffProxy registers the daemon as containerd's first differ too
+	// (DiffProxyName), as the installer does.
+	diffProxy      bool
 	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
 	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd 2.0 reads them
 	containerdRoot string
@@ -99,6 +105,10 @@ func renderConfig(p configParams) string {
 		}
 		fmt.Fprintf(&b, "  capabilities = [%s]\n", strings.Join(caps, ", "))
 		fmt.Fprintf(&b, "  [proxy_plugins.grouped.exports]\n    root = %s\n\n", q(p.proxyRoot))
+		if p.diffProxy {
+			fmt.Fprintf(&b, "[proxy_plugins.%s]\n  type = \"diff\"\n  address = %s\n\n", DiffProxyName, q(p.proxyAddress))
+			fmt.Fprintf(&b, "[plugins.'io.containerd.service.v1.diff-service']\n  default = [%s, \"walking\"]\n\n", q(DiffProxyName))
+		}
 	}
 	fmt.Fprintf(&b, "[plugins.'io.containerd.internal.v1.opt']\n  path = %s\n\n", q(filepath.Join(p.dir, "opt")))
 	fmt.Fprintf(&b, "[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n\n")

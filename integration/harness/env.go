@@ -232,20 +232,34 @@ func (e *Env) start(ctx context.Context, repo string) error {
 	return nil
 }
 
-func (e *Env) startContainerd(ctx context.Context) error {
-	base := filepath.Join(e.Dir, "containerd")
-	c := &Containerd{
+// containerdPaths returns the private containerd of the Env in envDir,
+// not yet started.
+func containerdPaths(envDir string) *Containerd {
+	base := filepath.Join(envDir, "containerd")
+	return &Containerd{
 		Root:       filepath.Join(base, "root"),
 		State:      filepath.Join(base, "state"),
 		Address:    filepath.Join(base, "containerd.sock"),
 		ConfigPath: filepath.Join(base, "config.toml"),
 		HostsDir:   filepath.Join(base, "certs.d"),
-		LogPath:    filepath.Join(e.Dir, "logs", "containerd.log"),
+		LogPath:    filepath.Join(envDir, "logs", "containerd.log"),
 		ConfDir:    filepath.Join(base, "conf.d"),
-		bin:        e.Tools.Path("containerd"),
-		// The shim is found on PATH and finds runc on PATH.
-		env: []string{"PATH=" + e.Tools.Dir + string(os.PathListSeparator) + os.Getenv("PATH")},
 	}
+}
+
+// servesDiff reports whether the Env's snapshotter daemon is this
+// repository's build, which also serves containerd's diff API (see package
+// differ) and is registered as a diff proxy plugin too.
+func (e *Env) servesDiff() bool {
+	return e.SnapshotterName == SnapshotterGrouped && e.snapshotterBin == ""
+}
+
+func (e *Env) startContainerd(ctx context.Context) error {
+	c := containerdPaths(e.Dir)
+	base := filepath.Dir(c.ConfigPath)
+	c.bin = e.Tools.Path("containerd")
+	// The shim is found on PATH and finds runc on PATH.
+	c.env = []string{"PATH=" + e.Tools.Dir + string(os.PathListSeparator) + os.Getenv("PATH")}
 	if err := mkdirs(0o755, base, filepath.Join(base, "opt"), filepath.Join(base, "tmp")); err != nil {
 		return err
 	}
@@ -265,6 +279,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 		p.capabilities = e.capabilities
+		p.diffProxy = e.servesDiff()
 	}
 	p.extra = e.extraTOML
 	if e.imports {

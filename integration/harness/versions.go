@@ -104,13 +104,18 @@ func (e *Env) useContainerd(ctx context.Context, version string) error {
 // id, and remove them when they exit.
 func shimSocketDirSupported(version string) bool { return version != ContainerdV2_0 }
 
-// writeSnapshotterConfig writes the daemon's config file: empty, so that a
-// host's /etc/grouped-snapshotter/config.toml cannot leak into the tests,
-// or with the idmap mode when one is chosen.
-func writeSnapshotterConfig(path, idmapMode string) error {
+// writeSnapshotterConfig writes the daemon's config file: so that a host's
+// /etc/grouped-snapshotter/config.toml cannot leak into the tests, it holds
+// only the idmap mode when one is chosen and containerd's address when
+// given (a daemon built from this repository; an older release's would
+// refuse the key).
+func writeSnapshotterConfig(path, idmapMode, containerdAddress string) error {
 	var cfg string
 	if idmapMode != "" {
 		cfg = "idmap = " + strconv.Quote(idmapMode) + "\n"
+	}
+	if containerdAddress != "" {
+		cfg += "containerd_address = " + strconv.Quote(containerdAddress) + "\n"
 	}
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write snapshotter config: %w", err)
@@ -144,7 +149,11 @@ func (e *Env) applyReleaseOptions(ctx context.Context, opts Options) error {
 	if opts.IDMap != "" && e.SnapshotterName != SnapshotterGrouped {
 		return fmt.Errorf("idmap mode %q needs the %s snapshotter, not %s", opts.IDMap, SnapshotterGrouped, e.SnapshotterName)
 	}
-	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap)
+	var containerdAddress string
+	if e.servesDiff() {
+		containerdAddress = containerdPaths(e.Dir).Address
+	}
+	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap, containerdAddress)
 }
 
 // shimSocketRoot is where shims without a socket_dir (containerd 2.0, or a
