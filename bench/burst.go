@@ -27,6 +27,10 @@ type BurstRow struct {
 	// PeakMountinfo is the highest number of /proc/self/mountinfo entries
 	// sampled during the burst (every 10 ms), above the number before it.
 	PeakMountinfo int
+	// RunningMountinfo is the number of mountinfo entries above the number
+	// before the burst once every container runs: what the host's mount
+	// table carries for as long as the pods live.
+	RunningMountinfo int `json:",omitempty"`
 	// UsernsForks are the user namespaces created on the snapshot side
 	// (shim, containerd, ctr, snapshotter) to obtain a user-namespace fd;
 	// RuncUserns are runc's own, one per container.
@@ -37,13 +41,18 @@ type BurstRow struct {
 	Err                              string
 }
 
-// runBursts is scenario 2 on one stage: for every shape, Reps timed bursts
-// per contender, interleaved, then one observed burst per contender.
+// runBursts is scenario 2 on one stage: for every shape, BurstReps timed
+// bursts per contender, interleaved, then one observed burst per contender
+// (only that one for an ObservedOnly shape).
 func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) ([]BurstRow, error) {
 	var rows []BurstRow
+	reps := cfg.burstReps()
 	for _, shape := range cfg.Bursts {
-		for rep := range cfg.Reps + 1 {
-			observed := rep == cfg.Reps
+		for rep := range reps + 1 {
+			observed := rep == reps
+			if shape.ObservedOnly && !observed {
+				continue
+			}
 			for _, i := range rotated(rep, st.main()) {
 				if why := st.noImage[i][shape.Layers]; why != "" {
 					rows = append(rows, BurstRow{Version: st.version, Contender: st.contenders[i].Name, Shape: shape, Rep: rep, Observed: observed, Err: why})
@@ -117,6 +126,13 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		row.PeakMountinfo = sampler.stop()
 		// The shims' last calls of a start may follow ctr's return.
 		time.Sleep(200 * time.Millisecond)
+		n, err := countMounts()
+		if err != nil {
+			_, _ = mtr.Stop()
+			_, _ = utr.stop()
+			return row, err
+		}
+		row.RunningMountinfo = n - sampler.base
 		mc, merr := mtr.Stop()
 		uc, uerr := utr.stop()
 		if err := errors.Join(merr, uerr); err != nil {

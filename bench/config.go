@@ -94,12 +94,19 @@ type BurstShape struct {
 	Mappings, PerMapping int
 	// Layers is the image's layer count.
 	Layers int
+	// ObservedOnly runs only the observed burst of the shape: a shape
+	// that measures the host's mount table with many pods running, not
+	// time.
+	ObservedOnly bool `json:",omitempty"`
 }
 
 // Containers is the number of containers the burst starts.
 func (b BurstShape) Containers() int { return b.Mappings * b.PerMapping }
 
 func (b BurstShape) String() string {
+	if b.ObservedOnly {
+		return fmt.Sprintf("%d mappings × %d, %d layers, mount table only", b.Mappings, b.PerMapping, b.Layers)
+	}
 	return fmt.Sprintf("%d mappings × %d, %d layers", b.Mappings, b.PerMapping, b.Layers)
 }
 
@@ -115,6 +122,10 @@ type Config struct {
 	StartLayers []int
 	// Bursts are the shapes of scenario 2.
 	Bursts []BurstShape
+	// BurstReps is the number of interleaved timed repetitions of every
+	// burst, enough for a bootstrap confidence interval; 0 (results of
+	// earlier runs) means Reps.
+	BurstReps int `json:",omitempty"`
 	// PullLayers are the image sizes of scenario 3.
 	PullLayers []int
 	// APIOps is the number of calls per operation and repetition in
@@ -155,7 +166,8 @@ func Full() Config {
 		Reps:              3,
 		Versions:          []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
 		StartLayers:       []int{1, 10, 50, 128, 250, 400, 500},
-		Bursts:            []BurstShape{{30, 1, 50}, {10, 3, 50}, {30, 1, 400}},
+		Bursts:            []BurstShape{{30, 1, 50, false}, {10, 3, 50, false}, {30, 1, 400, false}, {100, 1, 50, true}},
+		BurstReps:         15,
 		PullLayers:        []int{1, 50, 400},
 		PullReps:          15,
 		PullBudget:        5 * time.Minute,
@@ -177,7 +189,8 @@ func Quick() Config {
 		Reps:              3,
 		Versions:          []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
 		StartLayers:       []int{1, 50},
-		Bursts:            []BurstShape{{10, 1, 50}},
+		Bursts:            []BurstShape{{10, 1, 50, false}, {20, 1, 50, true}},
+		BurstReps:         3,
 		PullLayers:        []int{1, 50},
 		PullReps:          5,
 		PullBudget:        2 * time.Minute,
@@ -194,6 +207,14 @@ func Quick() Config {
 // ScenarioNames are the names Config.Scenarios accepts.
 var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory"}
 
+// burstReps is the number of timed repetitions of every burst.
+func (c Config) burstReps() int {
+	if c.BurstReps > 0 {
+		return c.BurstReps
+	}
+	return c.Reps
+}
+
 // runs reports whether scenario name is selected.
 func (c Config) runs(name string) bool {
 	return len(c.Scenarios) == 0 || slices.Contains(c.Scenarios, name)
@@ -209,6 +230,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config: empty name")
 	case c.runs("pulls") && c.PullReps < 3:
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
+	case c.runs("bursts") && c.BurstReps < 3:
+		return fmt.Errorf("bench config %s: %d burst repetitions, need at least 3", c.Name, c.BurstReps)
 	case c.Reps < 3:
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)
 	case len(c.Versions) == 0:

@@ -85,24 +85,34 @@ func readmeBursts(b *strings.Builder, res *Results) {
 	if len(res.Bursts) == 0 {
 		return
 	}
-	b.WriteString("Bursts of user-namespaced containers, `ctr run -d` at once: time until all run (median, ratio to overlayfs on the same release), peak extra mountinfo entries, snapshot-side mount syscalls:\n\n| containerd | burst | contender | time | ÷ overlayfs | peak mountinfo | mount syscalls |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("Bursts of user-namespaced containers, `ctr run -d` at once: time until all run (median), grouped view's time ÷ the row's (ratio of medians over interleaved pairs, bootstrap 95% CI), extra mountinfo entries at the peak and with all running, snapshot-side mount syscalls:\n\n| containerd | burst | contender | time | grouped view ÷ this [95% CI] | mountinfo, peak / running | mount syscalls |\n|---|---|---|---|---|---|---|\n")
 	for _, shape := range res.Config.Bursts {
 		for _, v := range res.Config.Versions {
-			ovl, _ := burstTimes(res.Bursts, v, OverlayfsName, shape)
 			for _, c := range contenderNames() {
 				if !hasBurst(res.Bursts, v, c, shape) {
 					continue
 				}
 				s, failed := burstTimes(res.Bursts, v, c, shape)
 				cell := fmt.Sprintf("%.2f s", s.Median)
-				if failed != "" || s.N == 0 {
+				switch {
+				case shape.ObservedOnly:
+					cell = "–"
+				case failed != "" || s.N == 0:
 					cell = "fails"
+				}
+				vs := "–"
+				if c != Grouped && !shape.ObservedOnly {
+					vs = burstRatio(res, v, c, shape).format()
 				}
 				obs := "– | –"
 				if o, ok := observedBurst(res.Bursts, v, c, shape); ok && o.Err == "" {
-					obs = fmt.Sprintf("+%d | %d", o.PeakMountinfo, o.MountSyscalls)
+					obs = fmt.Sprintf("+%d / %s | %d", o.PeakMountinfo, runningMountinfo(o), o.MountSyscalls)
 				}
-				fmt.Fprintf(b, "| %s | %d×%d, %d layers | %s | %s | %s | %s |\n", v, shape.Mappings, shape.PerMapping, shape.Layers, c, cell, ratio(s, ovl), obs)
+				layers := fmt.Sprintf("%d×%d, %d layers", shape.Mappings, shape.PerMapping, shape.Layers)
+				if shape.ObservedOnly {
+					layers += ", mount table only"
+				}
+				fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", v, layers, c, cell, vs, obs)
 			}
 		}
 	}

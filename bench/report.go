@@ -236,6 +236,35 @@ func burstTimes(rows []BurstRow, version, contender string, shape BurstShape) (s
 	return Summarize(vals), failed
 }
 
+// burstSamples are the seconds of contender's timed bursts of shape on
+// version by repetition, NaN where the burst failed or did not run.
+func burstSamples(res *Results, version, contender string, shape BurstShape) []float64 {
+	reps := res.Config.burstReps()
+	for _, r := range res.Bursts {
+		if !r.Observed {
+			reps = max(reps, r.Rep+1)
+		}
+	}
+	s := make([]float64, reps)
+	for i := range s {
+		s[i] = math.NaN()
+	}
+	for _, r := range res.Bursts {
+		if r.Version == version && r.Contender == contender && r.Shape == shape && !r.Observed && r.Err == "" {
+			s[r.Rep] = r.Seconds
+		}
+	}
+	return s
+}
+
+// burstRatio is grouped view ÷ other for shape on version, over the pairs
+// of interleaved timed bursts, with its bootstrap interval.
+func burstRatio(res *Results, version, other string, shape BurstShape) Interval {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%s/%s", version, other, shape)
+	return BootstrapRatio(burstSamples(res, version, Grouped, shape), burstSamples(res, version, other, shape), bootstrapResamples, h.Sum64())
+}
+
 func observedBurst(rows []BurstRow, version, contender string, shape BurstShape) (BurstRow, bool) {
 	for _, r := range rows {
 		if r.Version == version && r.Contender == contender && r.Shape == shape && r.Observed {
@@ -260,12 +289,11 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 	}
 	cfg := res.Config
 	b.WriteString("## 2. Burst of user-namespaced containers\n\n")
-	b.WriteString("All `ctr run -d --remap-labels --uidmap … --gidmap …` of a burst are launched at once; time is until the last returned (its task running). Then all are removed and garbage-collected before the next burst. Counts come from the observed burst.\n\n")
+	b.WriteString("All `ctr run -d --remap-labels --uidmap … --gidmap …` of a burst are launched at once; time is until the last returned (its task running). Then all are removed and garbage-collected before the next burst. Contenders take turns within every repetition; the last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval. Counts come from the observed burst; mountinfo entries are those above the count before the burst, at the peak during it and once all run. A shape marked \"mount table only\" runs only the observed burst.\n\n")
 	for _, shape := range cfg.Bursts {
 		fmt.Fprintf(b, "### %d containers: %s\n\n", shape.Containers(), shape)
-		b.WriteString("| containerd | contender | time to all running, s | ÷ overlayfs | peak mountinfo entries (+) | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls |\n|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| containerd | contender | time to all running, s | grouped view ÷ this [95% CI] | mountinfo entries (+), peak / all running | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls |\n|---|---|---|---|---|---|---|---|\n")
 		for _, v := range versionsOf(cfg) {
-			ovl, _ := burstTimes(res.Bursts, v, OverlayfsName, shape)
 			for _, c := range contenderNames() {
 				if !hasBurst(res.Bursts, v, c, shape) {
 					continue
@@ -275,15 +303,19 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 				if failed != "" {
 					cell = "fails: `" + failed + "`"
 				}
+				vs := "–"
+				if c != Grouped && !shape.ObservedOnly {
+					vs = burstRatio(res, v, c, shape).format()
+				}
 				o, ok := observedBurst(res.Bursts, v, c, shape)
 				obs := "– | – | – | –"
 				if ok {
-					obs = fmt.Sprintf("%d | %d | %d | %d, %d", o.PeakMountinfo, o.UsernsForks, o.MountSyscalls, o.RuncUserns, o.RuncMountSyscalls)
+					obs = fmt.Sprintf("+%d / %s | %d | %d | %d, %d", o.PeakMountinfo, runningMountinfo(o), o.UsernsForks, o.MountSyscalls, o.RuncUserns, o.RuncMountSyscalls)
 					if o.Err != "" {
 						obs += " (failed: `" + o.Err + "`)"
 					}
 				}
-				fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", v, c, cell, ratio(s, ovl), obs)
+				fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", v, c, cell, vs, obs)
 			}
 		}
 		b.WriteString("\n")
@@ -293,6 +325,15 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 			fmt.Fprintf(b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
 		}
 	}
+}
+
+// runningMountinfo renders an observed burst's mountinfo entries with all
+// its containers running, "–" for results of runs that did not count them.
+func runningMountinfo(o BurstRow) string {
+	if o.RunningMountinfo == 0 && o.PeakMountinfo != 0 {
+		return "–"
+	}
+	return fmt.Sprintf("+%d", o.RunningMountinfo)
 }
 
 func pullTimes(rows []PullRow, version, contender string, layers int) (s Summary, failed string) {
