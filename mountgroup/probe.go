@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
 // probeMapping is an arbitrary mapping for probes; only its shape matters.
@@ -37,7 +38,7 @@ func ProbeIDMappedMount(dir string) (retErr error) {
 	if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
 		return err
 	}
-	if err := mountIDMapped(src, target, probeMapping, &SyscallCounter{}); err != nil {
+	if err := mountIDMapped(src, target, probeMapping, userns.NewPool(0), &SyscallCounter{}); err != nil {
 		return err
 	}
 	defer func() {

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containerd/containerd/v2/core/mount"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
+	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
 // viewAttrs are the attributes of every view: idmapped, and read-only,
@@ -35,6 +35,9 @@ type Views struct {
 
 	// Syscalls counts the mount-family syscalls Views made.
 	syscalls SyscallCounter
+
+	// userns makes the user-namespace descriptors of new views.
+	userns *userns.Pool
 }
 
 // SyscallCounter counts mount-family syscalls.
@@ -58,8 +61,10 @@ func (c *SyscallCounter) Load() uint64 {
 
 // NewViews prepares dir to hold views of layers: dir becomes its own bind
 // mount with private propagation, so views never propagate into other mount
-// namespaces. dir must not be inside layers.
-func NewViews(layers, dir string) (*Views, error) {
+// namespaces. dir must not be inside layers. spares is the number of
+// processes kept in fresh user namespaces for the next new mappings (see
+// package userns); Close ends them.
+func NewViews(layers, dir string, spares int) (*Views, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
 		return nil, fmt.Errorf("views directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
@@ -67,7 +72,7 @@ func NewViews(layers, dir string) (*Views, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create views directory %q: %w", dir, err)
 	}
-	v := &Views{layers: layers, dir: dir, mounted: map[string]string{}}
+	v := &Views{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
 	isMount, err := IsMountPoint(dir)
 	if err != nil {
 		return nil, err
@@ -84,6 +89,12 @@ func NewViews(layers, dir string) (*Views, error) {
 	v.syscalls.add(1)
 	return v, nil
 }
+
+// Close ends the spare user-namespace processes. The views stay mounted.
+func (v *Views) Close() error { return v.userns.Close() }
+
+// UsernsStats returns how new views got their user namespaces.
+func (v *Views) UsernsStats() userns.Stats { return v.userns.Stats() }
 
 // Dir returns the views directory.
 func (v *Views) Dir() string { return v.dir }
@@ -150,26 +161,26 @@ func (v *Views) create(path string, m *idmap.Mapping) error {
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return err
 	}
-	return mountIDMapped(v.layers, path, m, &v.syscalls)
+	return mountIDMapped(v.layers, path, m, v.userns, &v.syscalls)
 }
 
 // mountIDMapped mounts a read-only idmapped view of src with mapping m at
 // target (viewAttrs, private propagation), counting its syscalls in calls.
 // The clone is not recursive: nothing is mounted under the layer parent,
 // and a recursive idmap would fail if something were.
-func mountIDMapped(src, target string, m *idmap.Mapping, calls *SyscallCounter) error {
-	userns, err := mount.GetUsernsFD(m.UIDLabelValue(), m.GIDLabelValue())
+func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, calls *SyscallCounter) error {
+	ns, err := pool.FD(m)
 	if err != nil {
-		return fmt.Errorf("user namespace of %s: %w", m, err)
+		return err
 	}
-	defer userns.Close()
+	defer ns.Close()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	calls.add(1)
 	if err != nil {
 		return fmt.Errorf("open_tree %q: %w", src, err)
 	}
 	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(userns.Fd()), Propagation: unix.MS_PRIVATE}
+	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(ns.Fd()), Propagation: unix.MS_PRIVATE}
 	calls.add(1)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP of %q: %w", src, err)

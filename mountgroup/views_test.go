@@ -46,7 +46,7 @@ func newTestViews(t *testing.T) (*Views, string) {
 			t.Fatal(err)
 		}
 	}
-	v, err := NewViews(layers, filepath.Join(root, "v"))
+	v, err := NewViews(layers, filepath.Join(root, "v"), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	}
 	// A new Views on the same dirs (a daemon restart) recognises the view
 	// through statmount instead of stacking a second one.
-	v2, err := NewViews(filepath.Join(root, "l"), filepath.Join(root, "v"))
+	v2, err := NewViews(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 func TestViewsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
-	if _, err := NewViews(root, filepath.Join(root, "v")); err == nil {
+	if _, err := NewViews(root, filepath.Join(root, "v"), 0); err == nil {
 		t.Fatal("NewViews accepted a views directory inside the layer parent")
 	}
 }

@@ -26,9 +26,16 @@ const (
 	// DefaultContainerdAddress is containerd's gRPC socket, whose content
 	// store receives the layers the diff plugin makes.
 	DefaultContainerdAddress = "/run/containerd/containerd.sock"
+	// DefaultUsernsSpares is two: a pod's start and the next pod's find
+	// one ready; a burst of new pods takes the rest from containerd's
+	// helper while the spares refill.
+	DefaultUsernsSpares = 2
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
 )
+
+// maxUsernsSpares bounds userns_spares: each spare is a process.
+const maxUsernsSpares = 64
 
 // Config is grouped-snapshotter's configuration file. The in-process plugin
 // ignores Address and the log settings: containerd owns those.
@@ -41,6 +48,9 @@ type Config struct {
 	IDMap string `toml:"idmap"`
 	// MountOptions are extra overlay options for every overlay mount.
 	MountOptions []string `toml:"mount_options"`
+	// UsernsSpares is the number of processes idmap "view" keeps in fresh
+	// user namespaces for the next new mappings.
+	UsernsSpares int `toml:"userns_spares"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
 	// ContainerdAddress is containerd's gRPC socket. The daemon's diff
@@ -59,6 +69,7 @@ func DefaultConfig() Config {
 		Address:           DefaultAddress,
 		ContainerdAddress: DefaultContainerdAddress,
 		IDMap:             string(snapshot.IDMapView),
+		UsernsSpares:      DefaultUsernsSpares,
 		LogLevel:          "info",
 	}
 }
@@ -102,6 +113,9 @@ func (c Config) Validate() error {
 	if c.ContainerdAddress == "" || c.ContainerdAddress[0] != '/' {
 		return fmt.Errorf("containerd_address %q must be an absolute socket path: %w", c.ContainerdAddress, errdefs.ErrInvalidArgument)
 	}
+	if c.UsernsSpares < 0 || c.UsernsSpares > maxUsernsSpares {
+		return fmt.Errorf("userns_spares %d must be between 0 and %d: %w", c.UsernsSpares, maxUsernsSpares, errdefs.ErrInvalidArgument)
+	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "error":
 	default:
@@ -117,5 +131,5 @@ func (c Config) Validate() error {
 
 // SnapshotterConfig is the part of Config the snapshotter itself uses.
 func (c Config) SnapshotterConfig() snapshot.Config {
-	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions}
+	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions, UsernsSpares: c.UsernsSpares}
 }

@@ -27,7 +27,7 @@ func TestExampleMatchesDefaults(t *testing.T) {
 	}
 	def := DefaultConfig()
 	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || len(cfg.MountOptions) != 0 ||
-		cfg.ContainerdAddress != def.ContainerdAddress || cfg.MetricsAddress != def.MetricsAddress {
+		cfg.ContainerdAddress != def.ContainerdAddress || cfg.MetricsAddress != def.MetricsAddress || cfg.UsernsSpares != def.UsernsSpares {
 		t.Errorf("example %+v differs from defaults %+v", cfg, def)
 	}
 }
@@ -41,6 +41,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"wrong type", "mount_options = \"index=on\"\n", []string{"mount_options", "line 1"}},
 		{"bad idmap", "idmap = \"kernel\"\n", []string{"idmap", "kernel"}},
 		{"relative root", "root_path = \"var/lib\"\n", []string{"root_path", "absolute"}},
+		{"too many spares", "userns_spares = 65\n", []string{"userns_spares", "65"}},
+		{"negative spares", "userns_spares = -1\n", []string{"userns_spares", "-1"}},
 		{"relative containerd address", "containerd_address = \"containerd.sock\"\n", []string{"containerd_address", "absolute"}},
 		{"syntax", "root_path = \n", []string{"line 1"}},
 	} {

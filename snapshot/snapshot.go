@@ -77,6 +77,10 @@ type Config struct {
 	IDMap IDMapMode
 	// MountOptions are added to every overlay mount's data.
 	MountOptions []string
+	// UsernsSpares is the number of processes view mode keeps in fresh
+	// user namespaces, so that a new mapping's view costs no fork (see
+	// package userns); 0 forks at every new mapping.
+	UsernsSpares int
 }
 
 // Snapshotter is grouped-snapshotter's snapshots.Snapshotter.
@@ -177,19 +181,19 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
 	if cfg.IDMap == IDMapView {
-		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir)); err != nil {
+		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir), cfg.UsernsSpares); err != nil {
 			ms.Close()
 			return nil, err
 		}
 	}
 	next, err := s.migrateFormat(context.Background())
 	if err != nil {
-		ms.Close()
+		s.Close()
 		return nil, err
 	}
 	s.nextView.Store(next)
 	if err := s.reconcile(context.Background()); err != nil {
-		ms.Close()
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -676,7 +680,13 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 
 // Close closes the metadata store. It is safe to call more than once.
 func (s *Snapshotter) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.ms.Close() })
+	s.closeOnce.Do(func() {
+		var viewsErr error
+		if s.views != nil {
+			viewsErr = s.views.Close()
+		}
+		s.closeErr = errors.Join(s.ms.Close(), viewsErr)
+	})
 	return s.closeErr
 }
 
