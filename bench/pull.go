@@ -1,8 +1,13 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -20,7 +25,13 @@ type PullRow struct {
 	// from the shared local registry, unpacking into the contender's
 	// snapshotter.
 	Seconds float64
-	Err     string
+	// SnapshotterCPU and ContainerdCPU are the CPU seconds (user + system)
+	// the snapshotter daemon (0 for a built-in snapshotter, whose work is
+	// containerd's) and containerd used during the pull: the work each
+	// does, free of the waiting and scheduling noise of wall time.
+	SnapshotterCPU float64 `json:",omitempty"`
+	ContainerdCPU  float64 `json:",omitempty"`
+	Err            string
 }
 
 // pullImage is the image name of scenario 3: its layers are shared with no
@@ -67,11 +78,20 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 					continue
 				}
 				env, c := st.envs[i], st.contenders[i]
+				cpu0, err := pullCPU(env)
+				if err != nil {
+					return rows, err
+				}
 				t0 := time.Now()
 				perr := env.Pull(ctx, ref)
 				took := time.Since(t0)
+				cpu1, err := pullCPU(env)
+				if err != nil {
+					return rows, err
+				}
 				spent[i] += took
-				row := PullRow{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, Parallel: c.ParallelUnpack, Seconds: took.Seconds()}
+				row := PullRow{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, Parallel: c.ParallelUnpack, Seconds: took.Seconds(),
+					SnapshotterCPU: cpu1[0] - cpu0[0], ContainerdCPU: cpu1[1] - cpu0[1]}
 				if perr == nil {
 					successes[i]++
 				} else {
@@ -92,4 +112,45 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 		}
 	}
 	return rows, nil
+}
+
+// pullCPU returns the CPU seconds the snapshotter daemon (0 without one)
+// and containerd of env have used so far.
+func pullCPU(env *harness.Env) (cpu [2]float64, err error) {
+	if env.Snapshotter != nil {
+		if cpu[0], err = processCPU(env.Snapshotter.PID()); err != nil {
+			return cpu, err
+		}
+	}
+	cpu[1], err = processCPU(env.Containerd.PID())
+	return cpu, err
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// processCPU returns the user + system CPU seconds of process pid, its
+// exited threads included, from /proc/<pid>/stat (10 ms resolution).
+func processCPU(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name in %q", pid, b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+	}
+	utime, uerr := strconv.ParseUint(f[11], 10, 64)
+	stime, serr := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(uerr, serr); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return float64(utime+stime) / clockTicks, nil
 }

@@ -350,6 +350,22 @@ func pullTimes(rows []PullRow, version, contender string, layers int) (s Summary
 	return Summarize(vals), failed
 }
 
+// pullCPUCell renders the median CPU seconds of the snapshotter daemon and
+// containerd over contender's successful pulls, "–" for results of runs
+// that did not record them.
+func pullCPUCell(rows []PullRow, version, contender string, layers int) string {
+	var daemon, containerd []float64
+	for _, r := range rows {
+		if r.Version == version && r.Contender == contender && r.Layers == layers && r.Err == "" && r.ContainerdCPU > 0 {
+			daemon, containerd = append(daemon, r.SnapshotterCPU), append(containerd, r.ContainerdCPU)
+		}
+	}
+	if len(containerd) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f, %.2f", Summarize(daemon).Median, Summarize(containerd).Median)
+}
+
 // pullSamples are the seconds of contender's pulls of layers on version
 // by repetition, NaN where the pull failed or did not run.
 func pullSamples(res *Results, version, contender string, layers int) []float64 {
@@ -391,11 +407,11 @@ func writePulls(b *strings.Builder, res *Results) {
 		return
 	}
 	cfg := res.Config
-	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull. Unpack is sequential (containerd's default) unless the row says parallel (`max_concurrent_unpacks`, only for snapshotters declaring `rebase`). The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval (n = pairs where both pulls succeeded).\n\n")
+	b.WriteString("## 3. Pull and unpack\n\n`ctr images pull` through the transfer service from the local registry into each contender's snapshotter; the image and its snapshots are removed and collected before every pull. Unpack is sequential (containerd's default) unless the row says parallel (`max_concurrent_unpacks`, only for snapshotters declaring `rebase`). The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval (n = pairs where both pulls succeeded). CPU is the median over successful pulls of the CPU seconds (user + system) the snapshotter's daemon and containerd used during the pull; a built-in snapshotter's work is containerd's.\n\n")
 	if legacyPulls(res) {
 		b.WriteString(legacyPullNote(res))
 	}
-	b.WriteString("| containerd | layers | contender | unpack | time, s | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| containerd | layers | contender | unpack | time, s | grouped view ÷ this [95% CI] | CPU s: daemon, containerd |\n|---|---|---|---|---|---|---|\n")
 	for _, v := range versionsOf(cfg) {
 		for _, n := range cfg.PullLayers {
 			for _, c := range contenderNames() {
@@ -419,7 +435,7 @@ func writePulls(b *strings.Builder, res *Results) {
 				if c != Grouped {
 					r = pullRatio(res, v, c, n).format()
 				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s |\n", v, n, c, unpack, cell, r)
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s |\n", v, n, c, unpack, cell, r, pullCPUCell(res.Pulls, v, c, n))
 			}
 		}
 	}

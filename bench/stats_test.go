@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"math"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -120,5 +121,28 @@ func TestShortError(t *testing.T) {
 	err := errors.New("ctr images pull --snapshotter erofs REF: exit status 1: time=\"x\" level=warning msg=\"DEPRECATION\"\nctr: failed to activate mounts: bucket already exists\nlayer-sha256:0123 waiting\nPulling from OCI Registry (R) elapsed: 62.0s total: 1.3 Mi (20.7 KiB/s)")
 	if got, want := shortError(err), "failed to activate mounts: bucket already exists"; got != want {
 		t.Errorf("shortError = %q, want %q", got, want)
+	}
+}
+
+// processCPU reads this process's CPU time, which grows with work.
+func TestProcessCPU(t *testing.T) {
+	before, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	after, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 0.1 || after-before > 5 {
+		t.Errorf("300 ms of spinning used %.2f CPU seconds (x=%d)", after-before, x)
+	}
+	if _, err := processCPU(1 << 30); err == nil {
+		t.Error("no error for a process that does not exist")
 	}
 }
