@@ -84,8 +84,11 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 	for i := range ids {
 		ids[i] = containerID("burst")
 	}
+	removed := false
 	defer func() {
-		err = errors.Join(err, removeAll(ctx, env, ids), waitSettled(ctx, env, before, logf))
+		if !removed {
+			err = errors.Join(err, removeAll(ctx, env, ids), waitSettled(ctx, env, before, logf))
+		}
 	}()
 
 	var (
@@ -133,6 +136,14 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 			return row, err
 		}
 		row.RunningMountinfo = n - sampler.base
+		// The counts cover the containers' removal too: the views' unmounts
+		// (and the shims' rootfs unmounts) are part of what a burst costs.
+		removed = true
+		if err := errors.Join(removeAll(ctx, env, ids), waitSettled(ctx, env, before, logf)); err != nil {
+			_, _ = mtr.Stop()
+			_, _ = utr.stop()
+			return row, err
+		}
 		mc, merr := mtr.Stop()
 		uc, uerr := utr.stop()
 		if err := errors.Join(merr, uerr); err != nil {
