@@ -156,7 +156,8 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		// processes fails instead of reporting fewer calls.
 		if errors.Join(errs...) == nil {
 			n := shape.Containers()
-			if err := mc.AtLeast(harness.Minimums{harness.GroupShim: {"mount": n}, harness.GroupRunc: {"mount": n}}); err != nil {
+			// The shims also unmounted every rootfs at removal.
+			if err := mc.AtLeast(harness.Minimums{harness.GroupShim: {"mount": n, "umount": n}, harness.GroupRunc: {"mount": n}}); err != nil {
 				return row, fmt.Errorf("burst of %d: %w", n, err)
 			}
 			if err := uc.AtLeast(harness.Minimums{harness.GroupRunc: {"unshare": n}}); err != nil {
