@@ -37,22 +37,33 @@ type APIRow struct {
 	MountSyscalls float64
 }
 
-// apiContenders are the contenders with a socket: containerd's overlayfs
-// is built into containerd.
-var apiContenders = []Contender{Contenders[0], Contenders[1]}
+// apiContenders are the contenders with a socket (containerd's overlayfs
+// is built into containerd): grouped in both modes, and containerd's
+// overlay code behind the same proxy path as the control.
+var apiContenders = []Contender{Contenders[0], Contenders[1], Contenders[3]}
+
+// daemonBins are the daemon binaries of the API and memory scenarios.
+type daemonBins struct{ grouped, overlayProxy string }
+
+func (b daemonBins) of(c Contender) string {
+	if c.OverlayProxy {
+		return b.overlayProxy
+	}
+	return b.grouped
+}
 
 // runAPI is scenario 4: per repetition and contender (interleaved), a
 // fresh daemon, cfg.APIOps cycles of every operation on a chain of
 // cfg.APIParentLayers layers, timed at the client (containerd's proxy
 // client over the socket). A final traced pass counts the mount syscalls
 // the daemon makes per call.
-func runAPI(ctx context.Context, cfg Config, bin, dir string) ([]APIRow, error) {
+func runAPI(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]APIRow, error) {
 	var rows []APIRow
 	for rep := range cfg.Reps + 1 {
 		traced := rep == cfg.Reps
 		for _, i := range rotation(rep, len(apiContenders)) {
 			c := apiContenders[i]
-			d, err := startDaemon(ctx, bin, filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap)
+			d, err := startDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap)
 			if err != nil {
 				return rows, err
 			}

@@ -22,12 +22,12 @@ type MemoryRow struct {
 // MemoryChainLength committed layers and MemoryActives active snapshots
 // with mappings on their tops (as many views as MemoryMappings in view
 // mode).
-func runMemory(ctx context.Context, cfg Config, bin, dir string) ([]MemoryRow, error) {
+func runMemory(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]MemoryRow, error) {
 	var rows []MemoryRow
 	for rep := range cfg.Reps {
 		for _, i := range rotation(rep, len(apiContenders)) {
 			c := apiContenders[i]
-			d, err := startDaemon(ctx, bin, filepath.Join(dir, fmt.Sprintf("mem-%d-%d", rep, i)), c.IDMap)
+			d, err := startDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("mem-%d-%d", rep, i)), c.IDMap)
 			if err != nil {
 				return rows, err
 			}

@@ -73,14 +73,14 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		err = runStage(ctx, cfg, st, regEnv.Registry, refs, res)
 		if err == nil && vi == 0 && (cfg.runs("api") || cfg.runs("memory")) {
-			// One daemon binary, built by the harness for this stage.
-			bin := st.envs[0].Snapshotter.Bin
+			// The daemon binary the harness built for this stage.
+			bins := daemonBins{grouped: st.envs[0].Snapshotter.Bin, overlayProxy: overlayProxy}
 			dir := filepath.Join(st.envs[0].Dir, "bench")
 			if cfg.runs("api") {
-				res.API, err = runAPI(ctx, cfg, bin, dir)
+				res.API, err = runAPI(ctx, cfg, bins, dir)
 			}
 			if err == nil && cfg.runs("memory") {
-				res.Memory, err = runMemory(ctx, cfg, bin, dir)
+				res.Memory, err = runMemory(ctx, cfg, bins, dir)
 			}
 		}
 		if cerr := st.close(); err == nil {
