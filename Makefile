@@ -27,7 +27,7 @@ tools-k8s:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-k8s.sh
 
 demo: tools
-	$(GO) run ./integration/cmd/demo
+	cd integration && $(GO) run ./cmd/demo
 
 # Benchmarks (as root): grouped-snapshotter (idmap view and shim) against
 # containerd's overlayfs (in process and behind a proxy) on containerd
@@ -36,18 +36,20 @@ demo: tools
 # about 40 minutes on 2 cores (15 repetitions of every pull), bench-quick
 # about 4.
 bench: tools
-	$(GO) run ./bench/cmd/bench
+	cd bench && $(GO) run ./cmd/bench
 
 bench-quick: tools
-	$(GO) run ./bench/cmd/bench -quick -name quick
+	cd bench && $(GO) run ./cmd/bench -quick -name quick
 
 # Regenerates the README's benchmark tables (between the bench-tables
 # markers) from bench/results/latest.json; no root or tools needed.
 bench-readme:
-	$(GO) run ./bench/cmd/bench -render bench/results/latest.json -readme README.md
+	cd bench && $(GO) run ./cmd/bench -render results/latest.json -readme ../README.md
 
 vet:
 	$(GO) vet ./...
+	cd integration && $(GO) vet ./...
+	cd bench && $(GO) vet ./...
 
 # Rewrites the README's measured figures (between its BEGIN/END markers)
 # from the results files the integration tests write and that are
@@ -55,7 +57,7 @@ vet:
 # TestMountgroup) and integration/k8s/results/latest.json (integration/k8s).
 # integration/cmd/readme-tables's test fails while the README is stale.
 readme-tables:
-	$(GO) run ./integration/cmd/readme-tables
+	cd integration && $(GO) run ./cmd/readme-tables -root ..
 
 # A short run of every fuzz target; each one's corpus is committed under
 # <package>/testdata/fuzz and also runs with the plain tests.
@@ -69,13 +71,13 @@ fuzz:
 	done
 
 test: tools tools-k8s vet fuzz
-	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./...
+	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./...
 
 test-unit: vet
-	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/...
+	hack/gotest.sh ./idmap/... ./mountgroup/... ./snapshot/... ./server/... ./plugin/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./userns/... ./differ/... ./integration/results/... ./integration/cmd/readme-tables/...
 
 test-integration: tools tools-k8s
-	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/...
+	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./integration/...
 
 # Install on this node as a systemd service and register it with containerd
 # (HOST_ROOT=/some/dir installs files only, into that tree). Idempotent.

@@ -176,8 +176,9 @@ func buildOverlayProxy(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "overlay-proxy")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./bench/cmd/overlay-proxy")
-	cmd.Dir = repo
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/overlay-proxy")
+	// bench/ is a Go module of its own.
+	cmd.Dir = filepath.Join(repo, "bench")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./bench/cmd/overlay-proxy: %w\n%s", err, out)
 	}

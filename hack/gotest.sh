@@ -6,7 +6,14 @@
 # A package without test files fails too, unless it is in the allowlist
 # below: only `main` packages that are tools, each exercised by a test of
 # another package (named in its comment).
+#
+# Usage: hack/gotest.sh [-flag=value ...] [pattern ...], run from the
+# repository root. integration/ and bench/ are Go modules of their own, so
+# their patterns (./integration/..., ./bench/...) run `go test` in their
+# module's directory; ./... means all three modules. Flags must be written
+# -flag=value.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 module=github.com/grouped-snapshotter/grouped-snapshotter
 no_tests_allowed=(
@@ -22,14 +29,48 @@ no_tests_allowed=(
 	"$module/integration/cmd/manifest"
 )
 
+nested=(integration bench)
+flags=()
+declare -A patterns # module directory -> its patterns
+add() { patterns[$1]="${patterns[$1]:-} $2"; }
+for arg in "$@"; do
+	case "$arg" in
+	-*) flags+=("$arg") ;;
+	./...)
+		add . ./...
+		for m in "${nested[@]}"; do add "$m" ./...; done
+		;;
+	*)
+		mod=.
+		for m in "${nested[@]}"; do
+			case "$arg" in ./"$m" | ./"$m"/*) mod=$m ;; esac
+		done
+		if [ "$mod" = . ]; then
+			add . "$arg"
+		else
+			rest=${arg#./"$mod"}
+			add "$mod" ".${rest:-/}"
+		fi
+		;;
+	esac
+done
+if [ "${#patterns[@]}" -eq 0 ]; then
+	echo "gotest: no package patterns given" >&2
+	exit 2
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-go test -v -count=1 "$@" 2>&1 | tee "$log" || status=$?
-if [ "$status" -ne 0 ]; then
-	echo "gotest: go test failed (exit $status)" >&2
-	exit "$status"
-fi
+for mod in . "${nested[@]}"; do
+	[ -n "${patterns[$mod]:-}" ] || continue
+	# shellcheck disable=SC2086 # the patterns are words
+	(cd "$mod" && go test -v -count=1 "${flags[@]}" ${patterns[$mod]}) 2>&1 | tee -a "$log" || status=$?
+	if [ "$status" -ne 0 ]; then
+		echo "gotest: go test in module $mod failed (exit $status)" >&2
+		exit "$status"
+	fi
+done
 if grep -q -- '--- SKIP' "$log"; then
 	echo "gotest: tests were skipped:" >&2
 	grep -- '--- SKIP' "$log" >&2

@@ -141,8 +141,9 @@ func buildManifestTool(ctx context.Context, bin string) error {
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Dir(bin), err)
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./integration/cmd/manifest")
-	cmd.Dir = repo
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/manifest")
+	// integration/ is a Go module of its own.
+	cmd.Dir = filepath.Join(repo, "integration")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -24,8 +24,9 @@ func (r *Registry) PushPauseImage(ctx context.Context, repoRoot string) (string,
 		return "", fmt.Errorf("create pause build dir: %w", err)
 	}
 	bin := filepath.Join(dir, "pause")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./integration/cmd/pause")
-	cmd.Dir = repoRoot
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/pause")
+	// integration/ is a Go module of its own.
+	cmd.Dir = filepath.Join(repoRoot, "integration")
 	// A static binary: the image holds nothing else.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer

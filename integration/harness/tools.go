@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/mod/modfile"
 )
 
 // ToolsEnv names the environment variable that overrides the tools directory.
@@ -48,16 +50,24 @@ func FindTools(repoRoot string) (Tools, error) {
 	return Tools{Dir: dir}, nil
 }
 
+// ProductModule is the module path of grouped-snapshotter itself; the
+// tests and benchmarks are modules of their own inside its repository.
+const ProductModule = "github.com/grouped-snapshotter/grouped-snapshotter"
+
 // FindRepoRoot walks up from the working directory to the directory holding
-// go.mod.
+// the product's go.mod.
 func FindRepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("get working directory: %w", err)
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
+		// integration/ and bench/ are modules of their own: the root is
+		// where the product's go.mod is.
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+			if modfile.ModulePath(data) == ProductModule {
+				return dir, nil
+			}
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return "", fmt.Errorf("look for go.mod: %w", err)
 		}
