@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -98,6 +100,28 @@ type BurstShape struct {
 	// that measures the host's mount table with many pods running, not
 	// time.
 	ObservedOnly bool `json:",omitempty"`
+}
+
+// ParseBurstShapes parses comma-separated shapes written
+// MAPPINGSxPERMAPPINGxLAYERS, with "+m" appended for a shape that measures
+// only the mount table (ObservedOnly).
+func ParseBurstShapes(s string) ([]BurstShape, error) {
+	var shapes []BurstShape
+	for _, f := range strings.Split(s, ",") {
+		spec, observedOnly := strings.CutSuffix(f, "+m")
+		parts := strings.Split(spec, "x")
+		var n [3]int
+		ok := len(parts) == 3
+		for i := 0; ok && i < 3; i++ {
+			v, err := strconv.Atoi(parts[i])
+			n[i], ok = v, err == nil && v > 0
+		}
+		if !ok {
+			return nil, fmt.Errorf("burst shape %q: want MAPPINGSxPERMAPPINGxLAYERS of positive numbers, optionally +m", f)
+		}
+		shapes = append(shapes, BurstShape{Mappings: n[0], PerMapping: n[1], Layers: n[2], ObservedOnly: observedOnly})
+	}
+	return shapes, nil
 }
 
 // Containers is the number of containers the burst starts.

@@ -61,3 +61,16 @@ func TestConfigsPulls(t *testing.T) {
 		t.Error("unknown scenario accepted")
 	}
 }
+
+func TestParseBurstShapes(t *testing.T) {
+	got, err := ParseBurstShapes("30x1x50,100x1x50+m")
+	want := []BurstShape{{30, 1, 50, false}, {100, 1, 50, true}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("ParseBurstShapes = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", "30x1", "30x0x50", "axbxc", "30x1x50+x", "30x1x50,"} {
+		if _, err := ParseBurstShapes(bad); err == nil {
+			t.Errorf("ParseBurstShapes(%q): no error", bad)
+		}
+	}
+}

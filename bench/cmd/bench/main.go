@@ -40,6 +40,8 @@ func run() error {
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
+	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
+	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
 	flag.Parse()
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
@@ -108,6 +110,14 @@ func run() error {
 	}
 	if *pullReps > 0 {
 		cfg.PullReps = *pullReps
+	}
+	if *bursts != "" {
+		if cfg.Bursts, err = bench.ParseBurstShapes(*bursts); err != nil {
+			return err
+		}
+	}
+	if *burstReps > 0 {
+		cfg.BurstReps = *burstReps
 	}
 	t0 := time.Now()
 	cfg.Logf = func(format string, args ...any) {
