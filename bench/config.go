@@ -117,6 +117,9 @@ type Config struct {
 	Bursts []BurstShape
 	// PullLayers are the image sizes of scenario 3.
 	PullLayers []int
+	// ImportLayers are the image sizes of scenario 6 (import from
+	// overlayfs against pulling again).
+	ImportLayers []int
 	// APIOps is the number of calls per operation and repetition in
 	// scenario 4.
 	APIOps int
@@ -142,7 +145,7 @@ type Config struct {
 	// sequentially.
 	UnpackConcurrency int
 	// Scenarios selects scenarios by name (starts, bursts, pulls, api,
-	// memory); empty runs all.
+	// memory, import); empty runs all.
 	Scenarios []string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
@@ -157,6 +160,7 @@ func Full() Config {
 		StartLayers:       []int{1, 10, 50, 128, 250, 400, 500},
 		Bursts:            []BurstShape{{30, 1, 50}, {10, 3, 50}, {30, 1, 400}},
 		PullLayers:        []int{1, 50, 400},
+		ImportLayers:      []int{50, 400},
 		PullReps:          15,
 		PullBudget:        5 * time.Minute,
 		APIOps:            200,
@@ -179,6 +183,7 @@ func Quick() Config {
 		StartLayers:       []int{1, 50},
 		Bursts:            []BurstShape{{10, 1, 50}},
 		PullLayers:        []int{1, 50},
+		ImportLayers:      []int{50},
 		PullReps:          5,
 		PullBudget:        2 * time.Minute,
 		APIOps:            50,
@@ -192,7 +197,7 @@ func Quick() Config {
 }
 
 // ScenarioNames are the names Config.Scenarios accepts.
-var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory"}
+var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory", "import"}
 
 // runs reports whether scenario name is selected.
 func (c Config) runs(name string) bool {
@@ -209,6 +214,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config: empty name")
 	case c.runs("pulls") && c.PullReps < 3:
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
+	case c.runs("import") && len(c.ImportLayers) == 0:
+		return fmt.Errorf("bench config %s: the import scenario needs image sizes", c.Name)
 	case c.Reps < 3:
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)
 	case len(c.Versions) == 0:

@@ -1,0 +1,449 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/conformance/manifest"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
+)
+
+// TestImportExport pulls the corpus into containerd's overlayfs, records
+// the trees its containers see (plain and in a user namespace), stops the
+// registry and imports every image into grouped with `grouped-snapshotter
+// import`: containers from grouped must then see exactly overlayfs's
+// trees, with no pull (the image counts as unpacked in grouped). A rerun
+// makes nothing. An import SIGKILLed in the middle of the 400-layer image
+// leaves no committed top layer, and a rerun finishes it. Then overlayfs's
+// snapshots are dropped and `grouped-snapshotter export` brings them back
+// from grouped, with the same tree checks on overlayfs. Removing the
+// images and collecting garbage at the end must free every layer on both
+// sides.
+func TestImportExport(t *testing.T) {
+	env := startEnv(t, harness.Options{ContainerdConfig: overlayUnpackConfig})
+	s := newSuite(env, "v2.4.2 import/export")
+	ctx := t.Context()
+	cl, err := client.New(env.Containerd.Address, client.WithDefaultNamespace(env.Namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	nsCtx := namespaces.WithNamespace(ctx, env.Namespace)
+
+	type pulled struct {
+		img       image
+		ref, top  string
+		remaining bool // still to be removed
+	}
+	// imgs are checked after each step; all are every image pulled.
+	var imgs, all []*pulled
+	var killCopy *pulled
+	pull := func(t *testing.T, img image, salt string) *pulled {
+		ref, err := s.imgs.ref(ctx, img, salt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := oraclePath.unpack(ctx, env, ref); err != nil {
+			t.Fatalf("pull %s into overlayfs: %v", ref, err)
+		}
+		top, err := topChainID(ctx, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d layers pulled into overlayfs in %s", ref, s.layerCount(img), time.Since(t0).Round(time.Millisecond))
+		p := &pulled{img: img, ref: ref, top: top, remaining: true}
+		all = append(all, p)
+		return p
+	}
+	t.Cleanup(func() {
+		for _, p := range all {
+			if p.remaining {
+				_ = env.RemoveImage(context.Background(), p.ref)
+			}
+		}
+	})
+
+	// checkTrees runs every image from snapshotter and compares its trees
+	// with overlayfs's.
+	checkTrees := func(t *testing.T, snapshotter, path string) {
+		for _, p := range imgs {
+			for _, remap := range []bool{false, true} {
+				got, err := ctrRunner(snapshotter)(ctx, env, p.ref, remap)
+				if err != nil {
+					t.Fatalf("run %s from %s (userns=%v): %v", p.ref, snapshotter, remap, err)
+				}
+				if err := checkUIDMap(got, remap); err != nil {
+					t.Fatal(err)
+				}
+				want := s.oracles[oracleKey(p.img.name, remap)]
+				diffs, n := manifest.Compare(want, got, "overlayfs", snapshotter, maxDiffs, saltedPaths...)
+				r := result{config: s.config, image: p.img.name, path: path, userns: remap,
+					entries: len(want.Filter(slices.Concat(want.Mounts, got.Mounts, saltedPaths))), diffs: n, outcome: "equal"}
+				if n > 0 {
+					r.outcome, r.detail = "DIFFERENT", strings.Join(diffs, "\n")
+					t.Errorf("%s's tree of %s after %s (userns=%v) differs from overlayfs's:\n%s", snapshotter, p.ref, path, remap, r.detail)
+				}
+				record(r)
+			}
+		}
+	}
+	// unpacked checks that containerd counts every image unpacked in
+	// snapshotter, and that the config's GC label names its top layer.
+	unpacked := func(t *testing.T, snapshotter string) {
+		for _, p := range imgs {
+			img, err := cl.GetImage(nsCtx, p.ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := img.IsUnpacked(nsCtx, snapshotter); err != nil || !ok {
+				t.Errorf("%s: IsUnpacked(%s) = %v, %v; want true", p.ref, snapshotter, ok, err)
+			}
+			cfg, err := img.Config(nsCtx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := cl.ContentStore().Info(nsCtx, cfg.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.Labels["containerd.io/gc.ref.snapshot."+snapshotter]; got != p.top {
+				t.Errorf("%s: config label containerd.io/gc.ref.snapshot.%s = %q, want the top layer %s", p.ref, snapshotter, got, p.top)
+			}
+			sinfo, err := cl.SnapshotService(snapshotter).Stat(nsCtx, p.top)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sinfo.Kind != snapshots.KindCommitted || sinfo.Labels[snapshots.LabelSnapshotRef] != p.top || sinfo.Labels[snapshots.LabelSnapshotDiffID] == "" {
+				t.Errorf("%s: top snapshot in %s is %s with labels %v; want committed with the unpacker's labels", p.ref, snapshotter, sinfo.Kind, sinfo.Labels)
+			}
+		}
+	}
+
+	t.Run("pull", func(t *testing.T) {
+		for _, img := range corpus {
+			if img.oracleFails != "" {
+				continue // overlayfs cannot unpack it: nothing to import
+			}
+			p := pull(t, img, "import")
+			imgs = append(imgs, p)
+			for _, remap := range []bool{false, true} {
+				m, err := oraclePath.run(ctx, env, p.ref, remap)
+				if err != nil {
+					t.Fatalf("run %s from overlayfs (userns=%v): %v", p.ref, remap, err)
+				}
+				if err := checkUIDMap(m, remap); err != nil {
+					t.Fatal(err)
+				}
+				s.oracles[oracleKey(img.name, remap)] = m
+			}
+		}
+		// A second copy of the 400-layer image (its own chain IDs) for
+		// the killed import.
+		for _, img := range corpus {
+			if img.name == "chain400" {
+				killCopy = pull(t, img, "import-killed")
+			}
+		}
+		// The registry is gone from here on: nothing may pull.
+		if err := env.Registry.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("import", func(t *testing.T) {
+		for _, p := range imgs {
+			if has, err := hasSnapshot(ctx, env, env.Namespace, harness.SnapshotterGrouped, p.top); err != nil || has {
+				t.Fatalf("grouped has %s before the import (%v, %v)", p.top, has, err)
+			}
+		}
+		var named []string
+		for _, p := range imgs {
+			named = append(named, "--image", p.ref)
+		}
+		out, err := runMigrate(ctx, env, "import", named...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("import:\n%s", out)
+		wantLine(t, out, fmt.Sprintf("import from overlayfs to grouped: %d images,", len(imgs)))
+		if !strings.Contains(out, "0 B copied") {
+			t.Errorf("the import copied (one filesystem here: it must link):\n%s", out)
+		}
+		unpacked(t, harness.SnapshotterGrouped)
+		checkShared(t, env, cl, nsCtx, imgs[0].top)
+		checkTrees(t, harness.SnapshotterGrouped, "import: grouped after import")
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("rerun", func(t *testing.T) {
+		var named []string
+		for _, p := range imgs {
+			named = append(named, "--image", p.ref)
+		}
+		out, err := runMigrate(ctx, env, "import", named...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantLine(t, out, fmt.Sprintf("%d images, 0 layers made", len(imgs)))
+	})
+
+	t.Run("killed", func(t *testing.T) {
+		p := killCopy
+		imgs = append(imgs, p)
+		killed, active := killMidway(t, env, cl, nsCtx)
+		if has, err := hasSnapshot(ctx, env, env.Namespace, harness.SnapshotterGrouped, p.top); err != nil || has {
+			t.Fatalf("grouped has the top layer %s after the killed import (%v, %v)", p.top, has, err)
+		}
+		t.Logf("killed the import after %d committed layers, with %d being filled", killed, active)
+		out, err := runMigrate(ctx, env, "import")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rerun:\n%s", out)
+		// The layer being filled when the kill came is an active snapshot
+		// the rerun removes; a kill during containerd's commit of it can
+		// leave the key in containerd's metadata only (unlisted), which
+		// the rerun removes too.
+		if active > 0 {
+			wantLine(t, out, "uncommitted snapshots of an interrupted run")
+		}
+		for _, sn := range []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs} {
+			snaps, err := env.SnapshotsOf(ctx, sn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range snaps {
+				if strings.HasPrefix(s.Key, migrate.ActivePrefix) {
+					t.Errorf("%s keeps the import's snapshot %s (%s) after the rerun", sn, s.Key, s.Kind)
+				}
+			}
+		}
+		wantLine(t, out, fmt.Sprintf("%d images, %d layers made", len(imgs), s.layerCount(p.img)-killed))
+		unpacked(t, harness.SnapshotterGrouped)
+		checkTrees(t, harness.SnapshotterGrouped, "import: grouped after a killed import and a rerun")
+		left, err := cl.LeasesService().List(nsCtx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range left {
+			if strings.HasPrefix(l.ID, "grouped-snapshotter-migrate-") {
+				t.Errorf("lease %s left after the rerun", l.ID)
+			}
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("export", func(t *testing.T) {
+		// Forget overlayfs's layers: drop the configs' overlayfs GC label
+		// and collect.
+		for _, p := range imgs {
+			img, err := cl.GetImage(nsCtx, p.ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := img.Config(nsCtx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cl.ContentStore().Update(nsCtx, content.Info{Digest: cfg.Digest},
+				"labels.containerd.io/gc.ref.snapshot."+harness.SnapshotterOverlayfs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := env.CollectGarbage(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if snaps, err := env.SnapshotsOf(ctx, harness.SnapshotterOverlayfs); err != nil || len(snaps) != 0 {
+			t.Fatalf("overlayfs keeps %d snapshots after its labels went (%v)", len(snaps), err)
+		}
+		out, err := runMigrate(ctx, env, "export")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("export:\n%s", out)
+		wantLine(t, out, fmt.Sprintf("export from grouped to overlayfs: %d images,", len(imgs)))
+		unpacked(t, harness.SnapshotterOverlayfs)
+		checkTrees(t, harness.SnapshotterOverlayfs, "export: overlayfs after export")
+	})
+
+	t.Run("gc", func(t *testing.T) {
+		for _, p := range imgs {
+			if err := env.RemoveImage(ctx, p.ref); err != nil {
+				t.Fatal(err)
+			}
+			p.remaining = false
+		}
+		if err := env.CollectGarbage(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs} {
+			if snaps, err := env.SnapshotsOf(ctx, sn); err != nil || len(snaps) != 0 {
+				t.Errorf("%s keeps %d snapshots after the images went (%v)", sn, len(snaps), err)
+			}
+		}
+		for _, dir := range []string{env.LayerDir(), env.Containerd.OverlayfsDir()} {
+			if left, err := harness.ListDir(dir); err != nil || len(left) != 0 {
+				t.Errorf("%s keeps %d entries after GC (%v): %v", dir, len(left), err, left)
+			}
+		}
+	})
+}
+
+// runMigrate runs `grouped-snapshotter import|export` against env.
+func runMigrate(ctx context.Context, env *harness.Env, verb string, extra ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, env.Snapshotter.Bin, migrateArgs(env, verb, extra...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("grouped-snapshotter %s: %w\n%s", verb, err, out.String())
+	}
+	return out.String(), nil
+}
+
+func migrateArgs(env *harness.Env, verb string, extra ...string) []string {
+	return append([]string{verb, "--containerd-address", env.Containerd.Address, "--namespace", env.Namespace,
+		"--lock-dir", env.Dir}, extra...)
+}
+
+func wantLine(t *testing.T, out, want string) {
+	t.Helper()
+	if !strings.Contains(out, want) {
+		t.Errorf("the output lacks %q:\n%s", want, out)
+	}
+}
+
+// checkShared checks that grouped's copy of the layer top (a corpus image's
+// top layer, the case layers' last) shares its files' inodes with
+// overlayfs's: linked, not copied.
+func checkShared(t *testing.T, env *harness.Env, cl *client.Client, ctx context.Context, top string) {
+	t.Helper()
+	dirs := map[string]string{}
+	for _, sn := range []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs} {
+		key := "shared-check-" + sn
+		mounts, err := cl.SnapshotService(sn).View(ctx, key, top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.SnapshotService(sn).Remove(context.WithoutCancel(ctx), key) //nolint:errcheck // best effort
+		for _, o := range mounts[0].Options {
+			if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				dirs[sn], _, _ = strings.Cut(v, ":")
+			}
+		}
+		if dirs[sn] == "" {
+			t.Fatalf("no lowerdir in %s's view of %s: %v", sn, top, mounts)
+		}
+	}
+	var files, shared int
+	err := filepath.WalkDir(dirs[harness.SnapshotterOverlayfs], func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dirs[harness.SnapshotterOverlayfs], path)
+		var a, b unix.Stat_t
+		if err := unix.Lstat(path, &a); err != nil {
+			return err
+		}
+		if err := unix.Lstat(filepath.Join(dirs[harness.SnapshotterGrouped], rel), &b); err != nil {
+			return err
+		}
+		files++
+		if a.Ino == b.Ino && a.Dev == b.Dev {
+			shared++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 || shared != files {
+		t.Errorf("grouped's top layer %s shares %d of %d non-directories with overlayfs's; want all", top, shared, files)
+	} else {
+		t.Logf("grouped's top layer shares all %d non-directories' inodes with overlayfs's", files)
+	}
+}
+
+// killMidway starts an import, SIGKILLs it once grouped has committed at
+// least 50 of its layers while it fills another, and returns how many it
+// had committed then and how many active snapshots it left (the one being
+// filled, unless the kill fell between a commit and the next prepare).
+func killMidway(t *testing.T, env *harness.Env, cl *client.Client, ctx context.Context) (int, int) {
+	t.Helper()
+	cmd := exec.Command(env.Snapshotter.Bin, migrateArgs(env, "import")...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	count := func() (committed, active int) {
+		_ = cl.SnapshotService(harness.SnapshotterGrouped).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			if info.Kind == snapshots.KindCommitted {
+				committed++
+			} else if strings.HasPrefix(info.Name, migrate.ActivePrefix) {
+				active++
+			}
+			return nil
+		})
+		return committed, active
+	}
+	before, _ := count()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("the import ended (%v) before it could be killed:\n%s", err, out.String())
+		default:
+		}
+		if c, a := count(); c-before >= 50 && a == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("the import made too few layers in 2 minutes:\n%s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-done
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the import was not killed (%v):\n%s", err, out.String())
+	}
+	after, active := count()
+	if active > 1 {
+		t.Fatalf("%d active import snapshots after the kill, want at most the one being filled", active)
+	}
+	// Layers the first import made for the other images do not count.
+	return after - before, active
+}
+
