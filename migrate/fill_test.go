@@ -37,7 +37,7 @@ func makeLayer(t *testing.T, dir string) {
 	must(os.Chown(filepath.Join(dir, "private/owned"), 1000, 1001))
 	must(os.Link(filepath.Join(dir, "etc/passwd"), filepath.Join(dir, "etc/passwd-link")))
 	must(os.Symlink("../etc/passwd", filepath.Join(dir, "etc/link")))
-	must(unix.Mknod(filepath.Join(dir, "etc/gone"), unix.S_IFCHR, 0))        // whiteout
+	must(unix.Mknod(filepath.Join(dir, "etc/gone"), unix.S_IFCHR, 0))       // whiteout
 	must(unix.Mknod(filepath.Join(dir, "null"), unix.S_IFCHR|0o666, 0x103)) // 1:3
 	must(unix.Mkfifo(filepath.Join(dir, "fifo"), 0o640))
 	must(unix.Lsetxattr(filepath.Join(dir, "etc/opq"), "trusted.overlay.opaque", []byte("y"), 0))

@@ -446,4 +446,3 @@ func killMidway(t *testing.T, env *harness.Env, cl *client.Client, ctx context.C
 	// Layers the first import made for the other images do not count.
 	return after - before, active
 }
-

@@ -40,6 +40,7 @@ func run() error {
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
+	importLayers := flag.String("import-layers", "", "comma-separated layer counts of the import scenario (default: the configuration's)")
 	flag.Parse()
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
@@ -103,6 +104,11 @@ func run() error {
 	}
 	if *startLayers != "" {
 		if cfg.StartLayers, err = layerCounts("start-layers", *startLayers); err != nil {
+			return err
+		}
+	}
+	if *importLayers != "" {
+		if cfg.ImportLayers, err = layerCounts("import-layers", *importLayers); err != nil {
 			return err
 		}
 	}
