@@ -120,6 +120,9 @@ type Config struct {
 	// ImportLayers are the image sizes of scenario 6 (import from
 	// overlayfs against pulling again).
 	ImportLayers []int
+	// ImportImageBytes is the size of the files of each import image,
+	// spread over its layers.
+	ImportImageBytes int64
 	// APIOps is the number of calls per operation and repetition in
 	// scenario 4.
 	APIOps int
@@ -161,6 +164,7 @@ func Full() Config {
 		Bursts:            []BurstShape{{30, 1, 50}, {10, 3, 50}, {30, 1, 400}},
 		PullLayers:        []int{1, 50, 400},
 		ImportLayers:      []int{50, 400},
+		ImportImageBytes:  128 << 20,
 		PullReps:          15,
 		PullBudget:        5 * time.Minute,
 		APIOps:            200,
@@ -184,6 +188,7 @@ func Quick() Config {
 		Bursts:            []BurstShape{{10, 1, 50}},
 		PullLayers:        []int{1, 50},
 		ImportLayers:      []int{50},
+		ImportImageBytes:  128 << 20,
 		PullReps:          5,
 		PullBudget:        2 * time.Minute,
 		APIOps:            50,
@@ -214,7 +219,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config: empty name")
 	case c.runs("pulls") && c.PullReps < 3:
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
-	case c.runs("import") && len(c.ImportLayers) == 0:
+	case c.runs("import") && (len(c.ImportLayers) == 0 || c.ImportImageBytes <= 0):
 		return fmt.Errorf("bench config %s: the import scenario needs image sizes", c.Name)
 	case c.Reps < 3:
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)

@@ -1,13 +1,16 @@
 package bench
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +49,65 @@ var importMethods = []string{methodImport, methodLocal, methodPull}
 // other image).
 const importImage = "bench-import"
 
+// importFileSize is the size of the files filling scenario 6's layers.
+const importFileSize = 64 << 10
+
+// buildImportImage pushes an image of n layers: the harness's busybox
+// layer, then n-1 layers sharing total bytes of files of importFileSize,
+// their content pseudo-random over 16 symbols (gzip halves it, about as it
+// does binaries and text), the same on every run.
+func buildImportImage(ctx context.Context, registry *harness.Registry, n int, total int64) (string, error) {
+	base, err := registry.Image(ctx, harness.ImageSpec{Name: fmt.Sprintf("%s-%d", importImage, n), Layers: 1})
+	if err != nil {
+		return "", err
+	}
+	ref := fmt.Sprintf("%s/test/%s-%d:%d", registry.Host, importImage, n, n)
+	dir := filepath.Join(registry.BuildDir(), fmt.Sprintf("%s-%d-layers", importImage, n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	perLayer := total / int64(max(n-1, 1))
+	rng := rand.New(rand.NewPCG(uint64(n), 6))
+	args := []string{"append", "-b", base, "-t", ref}
+	buf := make([]byte, importFileSize)
+	for i := 2; i <= n; i++ {
+		path := filepath.Join(dir, fmt.Sprintf("%03d.tar", i))
+		f, err := os.Create(path)
+		if err != nil {
+			return "", err
+		}
+		tw := tar.NewWriter(f)
+		hdr := func(h *tar.Header) error {
+			h.ModTime, h.Uid, h.Gid = time.Unix(946684800, 0), 0, 0
+			return tw.WriteHeader(h)
+		}
+		err = hdr(&tar.Header{Name: fmt.Sprintf("data/%03d/", i), Typeflag: tar.TypeDir, Mode: 0o755})
+		for j := 0; err == nil && int64(j)*importFileSize < perLayer; j++ {
+			size := min(int64(importFileSize), perLayer-int64(j)*importFileSize)
+			for k := range buf[:size] {
+				buf[k] = "0123456789abcdef"[rng.IntN(16)]
+			}
+			if err = hdr(&tar.Header{Name: fmt.Sprintf("data/%03d/%03d", i, j), Typeflag: tar.TypeReg, Mode: 0o644, Size: size}); err == nil {
+				_, err = tw.Write(buf[:size])
+			}
+		}
+		if err == nil {
+			err = tw.Close()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return "", fmt.Errorf("write %s: %w", path, err)
+		}
+		args = append(args, "-f", path)
+	}
+	if err := registry.Crane(ctx, args...); err != nil {
+		return "", fmt.Errorf("push %s: %w", ref, err)
+	}
+	return ref, nil
+}
+
 // runImports is scenario 6 on containerd v2.4.2: an image of each of
 // cfg.ImportLayers layers is pulled into overlayfs (not timed), then made
 // unpacked in grouped by each method in turn, the methods rotated every
@@ -74,10 +136,12 @@ func runImports(ctx context.Context, cfg Config, registry *harness.Registry) (ro
 		return err
 	}
 	for _, n := range cfg.ImportLayers {
-		ref, err := registry.Image(ctx, harness.ImageSpec{Name: importImage, Layers: n})
+		t0 := time.Now()
+		ref, err := buildImportImage(ctx, registry, n, cfg.ImportImageBytes)
 		if err != nil {
 			return rows, err
 		}
+		cfg.Logf("built %s (%d layers, %s of files) in %s", ref, n, mib(cfg.ImportImageBytes), time.Since(t0).Round(time.Millisecond))
 		for rep := range cfg.Reps {
 			for _, mi := range rotation(rep, len(importMethods)) {
 				method := importMethods[mi]
