@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -202,6 +203,57 @@ func TestLowerAndUpperDirs(t *testing.T) {
 		}
 		if _, err := upperDir(bad); err == nil {
 			t.Errorf("upperDir(%v) accepted mounts it cannot read", bad)
+		}
+	}
+}
+
+// TestCheckRoom copies nothing that would not fit: a 1 MiB tmpfs cannot
+// take a layer of 2 MiB (the check keeps 64 MiB spare anyway), and the
+// error says why, with errdefs' ResourceExhausted.
+func TestCheckRoom(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestCheckRoom needs root (it mounts a tmpfs); CI runs it as root")
+	}
+	base := t.TempDir()
+	src, small := filepath.Join(base, "src"), filepath.Join(base, "small")
+	for _, d := range []string{src, small} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "big"), make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(small, 0); err != nil {
+			t.Errorf("unmount %s: %v", small, err)
+		}
+	})
+	err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, small)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no room to copy 1 layers") || !strings.Contains(err.Error(), small) {
+		t.Fatalf("checkRoom into a 1 MiB tmpfs: %v; want ResourceExhausted naming %s", err, small)
+	}
+	// The disk of the test's own temporary directory has room for 2 MiB.
+	if err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, base); err != nil {
+		t.Fatalf("checkRoom into %s: %v", base, err)
+	}
+}
+
+func TestCommonDir(t *testing.T) {
+	for _, c := range []struct {
+		dirs []string
+		want string
+	}{
+		{[]string{"/r/snapshots/12/fs"}, "/r/snapshots/12/fs"},
+		{[]string{"/r/snapshots/12/fs", "/r/snapshots/1/fs", "/r/snapshots/123/fs"}, "/r/snapshots"},
+		{[]string{"/r/l/a", "/r/l/ab"}, "/r/l"},
+		{[]string{"/a/x", "/b/y"}, "/"},
+	} {
+		if got := commonDir(c.dirs); got != c.want {
+			t.Errorf("commonDir(%q) = %q, want %q", c.dirs, got, c.want)
 		}
 	}
 }

@@ -3,6 +3,12 @@
 // containerd's overlayfs into grouped) and export (back) are the same
 // operation with the two names swapped.
 //
+// A run first plans every selected image (its chain, what the destination
+// lacks, the source's layer directories) and refuses before making
+// anything when one cannot move: an image only partly unpacked in the
+// source, a source layer with a mount on it. Copies (across filesystems)
+// are refused when they would not fit.
+//
 // Both snapshotters keep a committed layer as a plain directory in
 // overlayfs's on-disk format (whiteouts are 0/0 character devices, opaque
 // directories carry trusted.overlay.opaque). For each image and each layer
@@ -170,14 +176,25 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 	if err != nil {
 		return sum, err
 	}
-	for i, img := range targets {
-		if err := r.image(ctx, img, i+1, len(targets)); err != nil {
+	// Every image is checked before anything is made: a refusal leaves
+	// the destination as it was.
+	var plans []*plan
+	for _, img := range targets {
+		p, err := r.plan(ctx, img)
+		if err != nil {
 			var skip skipError
 			if errors.As(err, &skip) && len(opts.Images) == 0 {
 				sum.Skipped = append(sum.Skipped, Skipped{Image: img.Name, Reason: skip.reason})
 				continue
 			}
 			return sum, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		plans = append(plans, p)
+	}
+	r.plans = plans
+	for i, p := range plans {
+		if err := r.image(ctx, p, i+1, len(plans)); err != nil {
+			return sum, fmt.Errorf("image %s: %w", p.img.Name, err)
 		}
 		sum.Images++
 	}
@@ -190,6 +207,10 @@ type run struct {
 	from, to snapshots.Snapshotter
 	cs       content.Store
 	sum      *Summary
+	// plans are every image's, made in order.
+	plans []*plan
+	// roomChecked is set once the room for copies has been checked.
+	roomChecked bool
 }
 
 // skipError is an image that is not unpacked in the source at all: left
@@ -289,71 +310,86 @@ type layer struct {
 	src             string // the source's committed directory
 }
 
-// image moves one image.
-func (r *run) image(ctx context.Context, img images.Image, index, total int) error {
-	report := func(p Progress) {
-		if r.opts.Progress != nil {
-			p.Image, p.Index, p.Images, p.Stats = img.Name, index, total, r.sum.Stats
-			r.opts.Progress(p)
-		}
-	}
-	report(Progress{})
+// plan is one image's work: its layers, the first one the destination
+// lacks (they are made bottom up) and its config.
+type plan struct {
+	img    images.Image
+	config ocispec.Descriptor
+	layers []layer
+	first  int
+}
+
+// plan reads img's chain and checks that it can move: the source has the
+// whole chain, with no mount on its layers. Nothing is made.
+func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 	mf, err := images.Manifest(ctx, r.cs, img.Target, r.opts.Platform)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			return skipError{fmt.Sprintf("no manifest for this platform in the content store: %v", err)}
+			return nil, skipError{fmt.Sprintf("no manifest for this platform in the content store: %v", err)}
 		}
-		return fmt.Errorf("read manifest: %w", err)
+		return nil, fmt.Errorf("read manifest: %w", err)
 	}
 	diffIDs, err := images.RootFS(ctx, r.cs, mf.Config)
 	if err != nil {
-		return fmt.Errorf("read config %s: %w", mf.Config.Digest, err)
+		return nil, fmt.Errorf("read config %s: %w", mf.Config.Digest, err)
 	}
 	if len(diffIDs) != len(mf.Layers) {
-		return fmt.Errorf("config lists %d layers, manifest %d: %w", len(diffIDs), len(mf.Layers), errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("config lists %d layers, manifest %d: %w", len(diffIDs), len(mf.Layers), errdefs.ErrFailedPrecondition)
 	}
 	if len(diffIDs) == 0 {
-		return skipError{"no layers"}
+		return nil, skipError{"no layers"}
 	}
 	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
-	layers := make([]layer, len(chain))
+	p := &plan{img: img, config: mf.Config, layers: make([]layer, len(chain))}
 	for i := range chain {
-		layers[i] = layer{chainID: chain[i], diffID: diffIDs[i], blob: mf.Layers[i]}
+		p.layers[i] = layer{chainID: chain[i], diffID: diffIDs[i], blob: mf.Layers[i]}
 	}
 	top := chain[len(chain)-1].String()
-
-	// The first layer the destination lacks: they are made bottom up, so
-	// every layer below one present is present.
-	first := len(layers)
+	p.first = len(p.layers)
 	if _, err := r.to.Stat(ctx, top); errdefs.IsNotFound(err) {
-		first = 0
-		for first < len(layers) {
-			if _, err := r.to.Stat(ctx, layers[first].chainID.String()); errdefs.IsNotFound(err) {
+		p.first = 0
+		for p.first < len(p.layers) {
+			if _, err := r.to.Stat(ctx, p.layers[p.first].chainID.String()); errdefs.IsNotFound(err) {
 				break
 			} else if err != nil {
-				return fmt.Errorf("stat %s in %s: %w", layers[first].chainID, r.opts.To, err)
+				return nil, fmt.Errorf("stat %s in %s: %w", p.layers[p.first].chainID, r.opts.To, err)
 			}
-			first++
+			p.first++
 		}
 	} else if err != nil {
-		return fmt.Errorf("stat %s in %s: %w", top, r.opts.To, err)
+		return nil, fmt.Errorf("stat %s in %s: %w", top, r.opts.To, err)
 	}
-	r.sum.LayersPresent += first
-	if first < len(layers) {
-		if err := r.sourcePaths(ctx, layers); err != nil {
-			return err
+	if p.first < len(p.layers) {
+		if err := r.sourcePaths(ctx, p.layers); err != nil {
+			return nil, err
 		}
-		if err := r.makeLayers(ctx, layers, first, report); err != nil {
+	}
+	return p, nil
+}
+
+// image makes plan p's missing layers and labels its config.
+func (r *run) image(ctx context.Context, p *plan, index, total int) error {
+	report := func(pr Progress) {
+		if r.opts.Progress != nil {
+			pr.Image, pr.Index, pr.Images, pr.Stats = p.img.Name, index, total, r.sum.Stats
+			r.opts.Progress(pr)
+		}
+	}
+	report(Progress{})
+	r.sum.LayersPresent += p.first
+	if p.first < len(p.layers) {
+		if err := r.makeLayers(ctx, p.layers, p.first, report); err != nil {
 			return err
 		}
 	}
 	// As the unpacker does at the end of an unpack (core/unpack): the
 	// config names the top snapshot for the garbage collector.
+	top := p.layers[len(p.layers)-1].chainID.String()
 	gcLabel := "containerd.io/gc.ref.snapshot." + r.opts.To
-	if _, err := r.cs.Update(ctx, content.Info{Digest: mf.Config.Digest, Labels: map[string]string{gcLabel: top}}, "labels."+gcLabel); err != nil {
-		return fmt.Errorf("label config %s %s=%s: %w", mf.Config.Digest, gcLabel, top, err)
+	if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{gcLabel: top}}, "labels."+gcLabel); err != nil {
+		return fmt.Errorf("label config %s %s=%s: %w", p.config.Digest, gcLabel, top, err)
 	}
-	report(Progress{Layer: len(layers), Layers: len(layers), LayersPresent: first, ImageCompleted: true})
+	report(Progress{Layer: len(p.layers), Layers: len(p.layers), LayersPresent: p.first, ImageCompleted: true})
 	return nil
 }
 
@@ -395,7 +431,7 @@ func (r *run) sourcePaths(ctx context.Context, layers []layer) error {
 	if len(dirs) != len(layers) {
 		return fmt.Errorf("the view of %s in %s has %d layer directories, the image %d: %w", top, r.opts.From, len(dirs), len(layers), errdefs.ErrFailedPrecondition)
 	}
-	mps, err := mountgroup.MountsUnder("/")
+	mps, err := mountgroup.MountsUnder(commonDir(dirs))
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
@@ -414,6 +450,18 @@ func (r *run) sourcePaths(ctx context.Context, layers []layer) error {
 		layers[i].src = dir
 	}
 	return nil
+}
+
+// commonDir returns the deepest directory holding every one of dirs.
+func commonDir(dirs []string) string {
+	common := filepath.Clean(dirs[0])
+	for _, d := range dirs[1:] {
+		d = filepath.Clean(d)
+		for common != "/" && d != common && !strings.HasPrefix(d, common+"/") {
+			common = filepath.Dir(common)
+		}
+	}
+	return common
 }
 
 // lowerDirs returns the layer directories of a view's mounts, top first:
@@ -459,7 +507,6 @@ func upperDir(mounts []mount.Mount) (string, error) {
 
 // makeLayers makes layers[first:] in the destination, bottom up.
 func (r *run) makeLayers(ctx context.Context, layers []layer, first int, report func(Progress)) error {
-	roomChecked := false
 	for i := first; i < len(layers); i++ {
 		l := layers[i]
 		chainID := l.chainID.String()
@@ -528,11 +575,12 @@ func (r *run) makeLayers(ctx context.Context, layers []layer, first int, report 
 			if err != nil {
 				return err
 			}
-			if copyMode && !roomChecked {
-				if err := checkRoom(ctx, layers[i:], dst); err != nil {
+			if copyMode && !r.roomChecked {
+				// Once, for every layer still to make in this run.
+				if err := checkRoom(ctx, r.pendingLayers(layers[i].chainID), dst); err != nil {
 					return err
 				}
-				roomChecked = true
+				r.roomChecked = true
 			}
 			r.sum.Copied = r.sum.Copied || copyMode
 			report(Progress{Layer: i + 1, Layers: len(layers), LayersPresent: first, Copying: copyMode})
@@ -564,6 +612,24 @@ func (r *run) makeLayers(ctx context.Context, layers []layer, first int, report 
 		}
 	}
 	return nil
+}
+
+// pendingLayers returns the layers of every plan still to make, from the
+// one named from on, each chain ID once.
+func (r *run) pendingLayers(from digest.Digest) []layer {
+	var out []layer
+	seen := map[digest.Digest]bool{}
+	started := false
+	for _, p := range r.plans {
+		for _, l := range p.layers[p.first:] {
+			started = started || l.chainID == from
+			if started && !seen[l.chainID] {
+				seen[l.chainID] = true
+				out = append(out, l)
+			}
+		}
+	}
+	return out
 }
 
 func differentFilesystems(a, b string) (bool, error) {

@@ -73,7 +73,7 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 				return fmt.Errorf("connect to containerd at %q: %w", address, err)
 			}
 			defer cl.Close()
-			p := newProgressPrinter(os.Stderr, os.Stdout, name)
+			p := newProgressPrinter(os.Stderr, os.Stdout)
 			opts.Progress = p.update
 			sum, err := migrate.Run(c.Context, cl, opts)
 			p.finish()
@@ -91,13 +91,12 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 type progressPrinter struct {
 	term      io.Writer // nil when stderr is not a terminal
 	lines     io.Writer
-	verb      string
 	drawn     bool
 	lastDrawn time.Time
 }
 
-func newProgressPrinter(stderr *os.File, stdout io.Writer, verb string) *progressPrinter {
-	p := &progressPrinter{lines: stdout, verb: verb}
+func newProgressPrinter(stderr *os.File, stdout io.Writer) *progressPrinter {
+	p := &progressPrinter{lines: stdout}
 	if _, err := unix.IoctlGetTermios(int(stderr.Fd()), unix.TCGETS); err == nil {
 		p.term = stderr
 	}

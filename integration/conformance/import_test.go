@@ -162,6 +162,89 @@ func TestImportExport(t *testing.T) {
 				killCopy = pull(t, img, "import-killed")
 			}
 		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("refusals", func(t *testing.T) {
+		// An image only partly unpacked in overlayfs: a copy of attrs
+		// whose top overlayfs snapshot is removed.
+		var attrs image
+		for _, img := range corpus {
+			if img.name == "attrs" {
+				attrs = img
+			}
+		}
+		part := pull(t, attrs, "import-incomplete")
+		// Keep the lower layers from garbage collection, which takes
+		// them once the config's label names a removed top.
+		osn := cl.SnapshotService(harness.SnapshotterOverlayfs)
+		info, err := osn.Stat(nsCtx, part.top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const gcRoot = "containerd.io/gc.root"
+		below := snapshots.Info{Name: info.Parent, Labels: map[string]string{gcRoot: "import-test"}}
+		if _, err := osn.Update(nsCtx, below, "labels."+gcRoot); err != nil {
+			t.Fatal(err)
+		}
+		if err := osn.Remove(nsCtx, part.top); err != nil {
+			t.Fatal(err)
+		}
+		out, err := runMigrate(ctx, env, "import", "--image", part.ref)
+		t.Logf("import of a partly unpacked image: %v\n%s", err, out)
+		if err == nil || !strings.Contains(out, "incomplete chain: overlayfs has layers 1-3 of 4, not layer 4 ("+part.top+")") {
+			t.Errorf("import of a partly unpacked image: %v, want a refusal naming the missing layer:\n%s", err, out)
+		}
+		// Named or not, the whole run refuses it.
+		if out, err := runMigrate(ctx, env, "import"); err == nil || !strings.Contains(out, "incomplete chain") {
+			t.Errorf("import of every image with one partly unpacked: %v, want a refusal:\n%s", err, out)
+		}
+		if _, err := osn.Update(nsCtx, snapshots.Info{Name: info.Parent}, "labels."+gcRoot); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.RemoveImage(ctx, part.ref); err != nil {
+			t.Fatal(err)
+		}
+		part.remaining = false
+		if err := env.CollectGarbage(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		// A mount on an overlayfs layer directory: the top layer of the
+		// first image.
+		p := imgs[0]
+		dir := overlayfsLayerDir(t, cl, nsCtx, p.top)
+		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		out, err = runMigrate(ctx, env, "import", "--image", p.ref)
+		if uerr := unix.Unmount(dir, 0); uerr != nil {
+			t.Errorf("unmount %s: %v", dir, uerr)
+		}
+		t.Logf("import with a mount on a layer: %v\n%s", err, out)
+		if err == nil || !strings.Contains(out, dir+" has a mount on it") {
+			t.Errorf("import with a mount on %s: %v, want a refusal naming it:\n%s", dir, err, out)
+		}
+
+		// Nothing was made in grouped, and nothing of the runs is left.
+		snaps, err := env.SnapshotsOf(ctx, harness.SnapshotterGrouped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snaps) != 0 {
+			t.Errorf("grouped holds %d snapshots after refused imports", len(snaps))
+		}
+		if leases, err := cl.LeasesService().List(nsCtx); err != nil {
+			t.Fatal(err)
+		} else {
+			for _, l := range leases {
+				if strings.HasPrefix(l.ID, "grouped-snapshotter-migrate-") {
+					t.Errorf("lease %s left by a refused import", l.ID)
+				}
+			}
+		}
 		// The registry is gone from here on: nothing may pull.
 		if err := env.Registry.Stop(); err != nil {
 			t.Fatal(err)
@@ -445,4 +528,118 @@ func killMidway(t *testing.T, env *harness.Env, cl *client.Client, ctx context.C
 	}
 	// Layers the first import made for the other images do not count.
 	return after - before, active
+}
+
+// overlayfsLayerDir returns the committed directory of overlayfs's
+// snapshot chainID, from the mounts of a temporary view of it.
+func overlayfsLayerDir(t *testing.T, cl *client.Client, ctx context.Context, chainID string) string {
+	t.Helper()
+	sn := cl.SnapshotService(harness.SnapshotterOverlayfs)
+	key := "layer-dir-" + chainID
+	mounts, err := sn.View(ctx, key, chainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Remove(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range mounts[0].Options {
+		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+			dir, _, _ := strings.Cut(v, ":")
+			return dir
+		}
+	}
+	t.Fatalf("no lowerdir in overlayfs's view of %s: %v", chainID, mounts)
+	return ""
+}
+
+// TestImportCRI: an image CRI pulled into overlayfs (namespace k8s.io, a
+// pod on an overlayfs runtime handler), imported into grouped with the
+// registry stopped, runs as a CRI pod on the default handler (grouped)
+// without being pulled or unpacked again: grouped's committed layers are
+// the imported ones before and after, and the pod's tree equals the one
+// its overlayfs pod showed, plain and in a pod user namespace.
+func TestImportCRI(t *testing.T) {
+	env := startEnv(t, harness.Options{
+		CRI:              true,
+		CRIRuntimes:      map[string]string{handlerOverlayfs: harness.SnapshotterOverlayfs},
+		ContainerdConfig: overlayUnpackConfig,
+	})
+	s := newSuite(env, "v2.4.2 import, CRI")
+	ctx := t.Context()
+	ns := harness.CRINamespace
+	img := corpus[0]
+	ref, err := s.imgs.ref(ctx, img, "import-cri")
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := topChainID(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := criCreatePath.unpack(ctx, env, ref); err != nil {
+		t.Fatalf("crictl pull into overlayfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := criRemove(context.Background(), env, ref); err != nil {
+			t.Errorf("remove %s: %v", ref, err)
+		}
+	})
+	oracles := map[bool]manifest.Manifest{}
+	for _, remap := range []bool{false, true} {
+		m, err := criRunner(handlerOverlayfs)(ctx, env, ref, remap)
+		if err != nil {
+			t.Fatalf("run %s as a pod on overlayfs (userns=%v): %v", ref, remap, err)
+		}
+		oracles[remap] = m
+	}
+	if err := env.Registry.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if has, err := hasSnapshot(ctx, env, ns, harness.SnapshotterGrouped, top); err != nil || has {
+		t.Fatalf("grouped has %s before the import (%v, %v)", top, has, err)
+	}
+	out, err := runMigrate(ctx, env, "import", "--namespace", ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("import:\n%s", out)
+	if has, err := hasSnapshot(ctx, env, ns, harness.SnapshotterGrouped, top); err != nil || !has {
+		t.Fatalf("grouped lacks %s after the import (%v, %v)", top, has, err)
+	}
+	committed := func() []string {
+		out, err := env.CtrNS(ctx, ns, "snapshots", "--snapshotter", harness.SnapshotterGrouped, "ls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == "Committed" {
+				keys = append(keys, f[0])
+			}
+		}
+		slices.Sort(keys)
+		return keys
+	}
+	before := committed()
+	for _, remap := range []bool{false, true} {
+		got, err := criRunner("")(ctx, env, ref, remap)
+		if err != nil {
+			t.Fatalf("run %s as a pod on grouped (userns=%v): %v", ref, remap, err)
+		}
+		if err := checkUIDMap(got, remap); err != nil {
+			t.Fatal(err)
+		}
+		diffs, n := manifest.Compare(oracles[remap], got, "overlayfs pod", "grouped pod", maxDiffs, saltedPaths...)
+		r := result{config: s.config, image: img.name, path: "import: CRI pod on grouped", userns: remap,
+			entries: len(oracles[remap].Filter(slices.Concat(oracles[remap].Mounts, got.Mounts, saltedPaths))), diffs: n, outcome: "equal"}
+		if n > 0 {
+			r.outcome, r.detail = "DIFFERENT", strings.Join(diffs, "\n")
+			t.Errorf("the grouped pod's tree (userns=%v) differs from the overlayfs pod's:\n%s", remap, r.detail)
+		}
+		record(r)
+	}
+	if after := committed(); !slices.Equal(before, after) {
+		t.Errorf("running the pods changed grouped's committed layers (an unpack?): %d before, %d after", len(before), len(after))
+	}
 }
