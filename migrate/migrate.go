@@ -104,6 +104,7 @@ type Progress struct {
 	Copying        bool
 	Stats          FillStats // so far, the whole run
 	LayersPresent  int       // of this image, already in the destination
+	Made           int       // of this image, made by this run (when completed)
 	ImageCompleted bool
 }
 
@@ -377,6 +378,7 @@ func (r *run) image(ctx context.Context, p *plan, index, total int) error {
 	}
 	report(Progress{})
 	r.sum.LayersPresent += p.first
+	madeBefore := r.sum.Layers
 	if p.first < len(p.layers) {
 		if err := r.makeLayers(ctx, p.layers, p.first, report); err != nil {
 			return err
@@ -389,7 +391,8 @@ func (r *run) image(ctx context.Context, p *plan, index, total int) error {
 	if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{gcLabel: top}}, "labels."+gcLabel); err != nil {
 		return fmt.Errorf("label config %s %s=%s: %w", p.config.Digest, gcLabel, top, err)
 	}
-	report(Progress{Layer: len(p.layers), Layers: len(p.layers), LayersPresent: p.first, ImageCompleted: true})
+	made := r.sum.Layers - madeBefore
+	report(Progress{Layer: len(p.layers), Layers: len(p.layers), LayersPresent: len(p.layers) - made, Made: made, ImageCompleted: true})
 	return nil
 }
 

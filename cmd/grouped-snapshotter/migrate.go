@@ -106,8 +106,7 @@ func newProgressPrinter(stderr *os.File, stdout io.Writer) *progressPrinter {
 func (p *progressPrinter) update(pr migrate.Progress) {
 	if pr.ImageCompleted {
 		p.clear()
-		made := pr.Layers - pr.LayersPresent
-		fmt.Fprintf(p.lines, "[%d/%d] %s: %d layers, %d already there, %d made\n", pr.Index, pr.Images, pr.Image, pr.Layers, pr.LayersPresent, made)
+		fmt.Fprintf(p.lines, "[%d/%d] %s: %d layers, %d already there, %d made\n", pr.Index, pr.Images, pr.Image, pr.Layers, pr.LayersPresent, pr.Made)
 		return
 	}
 	if p.term == nil || time.Since(p.lastDrawn) < 100*time.Millisecond && pr.Layer != pr.Layers {
