@@ -608,7 +608,12 @@ func (r *run) makeLayers(ctx context.Context, layers []layer, first int, report 
 			return err
 		}
 		// The unpacker labels the layer blob with its uncompressed digest
-		// once verified; a blob discarded after unpacking is fine.
+		// once verified; a blob discarded after unpacking is fine. The
+		// source's unpack usually set it already (content labels are not
+		// per snapshotter): then a write is saved.
+		if ci, err := r.cs.Info(ctx, l.blob.Digest); err == nil && ci.Labels[labels.LabelUncompressed] == l.diffID.String() {
+			continue
+		}
 		if _, err := r.cs.Update(ctx, content.Info{Digest: l.blob.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}},
 			"labels."+labels.LabelUncompressed); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("label layer blob %s: %w", l.blob.Digest, err)
