@@ -643,3 +643,112 @@ func TestImportCRI(t *testing.T) {
 		t.Errorf("running the pods changed grouped's committed layers (an unpack?): %d before, %d after", len(before), len(after))
 	}
 }
+
+// TestImportCopy puts grouped's root on a tmpfs of its own: the import
+// must copy (and say so), refuse first when the copies would not fit, and
+// give containers exactly overlayfs's trees, plain and in a user
+// namespace.
+func TestImportCopy(t *testing.T) {
+	mnt := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=512m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	// Registered before the Env's: runs after its teardown.
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	env := startEnv(t, harness.Options{SnapshotterRoot: filepath.Join(mnt, "gs"), ContainerdConfig: overlayUnpackConfig})
+	s := newSuite(env, "v2.4.2 import, grouped on another filesystem")
+	ctx := t.Context()
+	type pulled struct {
+		img      image
+		ref, top string
+	}
+	var imgs []pulled
+	for _, img := range corpus[:2] { // whiteouts, attrs
+		ref, err := s.imgs.ref(ctx, img, "import-copy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := oraclePath.unpack(ctx, env, ref); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.RemoveImage(context.Background(), ref) })
+		top, err := topChainID(ctx, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs = append(imgs, pulled{img, ref, top})
+		for _, remap := range []bool{false, true} {
+			m, err := oraclePath.run(ctx, env, ref, remap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.oracles[oracleKey(img.name, remap)] = m
+		}
+	}
+	if err := env.Registry.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Leave 32 MiB free: under the 64 MiB the copies must leave spare.
+	var fs unix.Statfs_t
+	if err := unix.Statfs(mnt, &fs); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(fs.Bavail)*fs.Bsize-32<<20); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	f.Close()
+	out, err := runMigrate(ctx, env, "import")
+	t.Logf("import into a full filesystem: %v\n%s", err, out)
+	if err == nil || !strings.Contains(out, "no room to copy") {
+		t.Errorf("import into a full filesystem: %v, want a refusal saying there is no room:\n%s", err, out)
+	}
+	if snaps, err := env.SnapshotsOf(ctx, harness.SnapshotterGrouped); err != nil || len(snaps) != 0 {
+		t.Errorf("grouped holds %d snapshots after the refused import (%v)", len(snaps), err)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err = runMigrate(ctx, env, "import")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("import:\n%s", out)
+	wantLine(t, out, "COPIED")
+	wantLine(t, out, fmt.Sprintf("%d images,", len(imgs)))
+	wantLine(t, out, "0 B linked")
+	for _, p := range imgs {
+		for _, remap := range []bool{false, true} {
+			got, err := ctrRunner(harness.SnapshotterGrouped)(ctx, env, p.ref, remap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkUIDMap(got, remap); err != nil {
+				t.Fatal(err)
+			}
+			want := s.oracles[oracleKey(p.img.name, remap)]
+			diffs, n := manifest.Compare(want, got, "overlayfs", "grouped", maxDiffs, saltedPaths...)
+			r := result{config: s.config, image: p.img.name, path: "import by copies: grouped after import", userns: remap,
+				entries: len(want.Filter(slices.Concat(want.Mounts, got.Mounts, saltedPaths))), diffs: n, outcome: "equal"}
+			if n > 0 {
+				r.outcome, r.detail = "DIFFERENT", strings.Join(diffs, "\n")
+				t.Errorf("grouped's tree of %s after a copying import (userns=%v) differs from overlayfs's:\n%s", p.ref, remap, r.detail)
+			}
+			record(r)
+		}
+	}
+}
