@@ -220,6 +220,9 @@ type skipError struct{ reason string }
 
 func (e skipError) Error() string { return e.reason }
 
+// Unwrap gives a named image that is not there to move errdefs' NotFound.
+func (e skipError) Unwrap() error { return errdefs.ErrNotFound }
+
 func lock(path string) (func(), error) {
 	if path == "" {
 		return func() {}, nil
