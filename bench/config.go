@@ -152,6 +152,12 @@ type Config struct {
 	BurstReps int `json:",omitempty"`
 	// PullLayers are the image sizes of scenario 3.
 	PullLayers []int
+	// ImportLayers are the image sizes of scenario 6 (import from
+	// overlayfs against pulling again).
+	ImportLayers []int
+	// ImportImageBytes is the size of the files of each import image,
+	// spread over its layers.
+	ImportImageBytes int64
 	// APIOps is the number of calls per operation and repetition in
 	// scenario 4.
 	APIOps int
@@ -177,7 +183,7 @@ type Config struct {
 	// sequentially.
 	UnpackConcurrency int
 	// Scenarios selects scenarios by name (starts, bursts, pulls, api,
-	// memory); empty runs all.
+	// memory, import); empty runs all.
 	Scenarios []string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
@@ -193,6 +199,8 @@ func Full() Config {
 		Bursts:            []BurstShape{{30, 1, 50, false}, {10, 3, 50, false}, {30, 1, 400, false}, {100, 1, 50, true}},
 		BurstReps:         15,
 		PullLayers:        []int{1, 50, 400},
+		ImportLayers:      []int{50, 400},
+		ImportImageBytes:  128 << 20,
 		PullReps:          15,
 		PullBudget:        5 * time.Minute,
 		APIOps:            200,
@@ -216,6 +224,8 @@ func Quick() Config {
 		Bursts:            []BurstShape{{10, 1, 50, false}, {20, 1, 50, true}},
 		BurstReps:         3,
 		PullLayers:        []int{1, 50},
+		ImportLayers:      []int{50},
+		ImportImageBytes:  128 << 20,
 		PullReps:          5,
 		PullBudget:        2 * time.Minute,
 		APIOps:            50,
@@ -229,7 +239,7 @@ func Quick() Config {
 }
 
 // ScenarioNames are the names Config.Scenarios accepts.
-var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory"}
+var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory", "import"}
 
 // burstReps is the number of timed repetitions of every burst.
 func (c Config) burstReps() int {
@@ -256,6 +266,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
 	case c.runs("bursts") && c.BurstReps < 3:
 		return fmt.Errorf("bench config %s: %d burst repetitions, need at least 3", c.Name, c.BurstReps)
+	case c.runs("import") && (len(c.ImportLayers) == 0 || c.ImportImageBytes <= 0):
+		return fmt.Errorf("bench config %s: the import scenario needs image sizes", c.Name)
 	case c.Reps < 3:
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)
 	case len(c.Versions) == 0:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -29,6 +30,7 @@ func Markdown(res *Results, charts []string, notes string) string {
 	writePulls(&b, res)
 	writeAPI(&b, res)
 	writeMemory(&b, res)
+	writeImports(&b, res)
 	writeTargets(&b, res)
 	if notes = strings.TrimSpace(notes); notes != "" {
 		fmt.Fprintf(&b, "## Notes on these results\n\n%s\n", notes)
@@ -510,3 +512,54 @@ func writeMemory(b *strings.Builder, res *Results) {
 
 // chartFile is the name of a chart of res.
 func chartFile(res *Results, what string) string { return res.Config.Name + "-" + what + ".png" }
+
+// writeImports is scenario 6: an image containerd's overlayfs has unpacked,
+// made unpacked in grouped by `grouped-snapshotter import` or by pulling it
+// again.
+func writeImports(b *strings.Builder, res *Results) {
+	if len(res.Imports) == 0 {
+		return
+	}
+	b.WriteString("## 6. Adopting a node's images: import from overlayfs against pulling again\n\n")
+	b.WriteString("Images of " + mib(res.Config.ImportImageBytes) + " of files (64 KiB each, half-compressible) spread over their layers, on a busybox layer. containerd v2.4.2 with the image unpacked in its overlayfs (pulled first, not timed); then the image is made unpacked in grouped by `grouped-snapshotter import --image REF` (hard links, no registry), by `ctr images pull --snapshotter grouped` with the blobs still in the content store (unpack only), or by the same pull after the image was removed (download and unpack). Methods rotate every repetition; the image and both snapshotters' layers are removed and collected between them. Bytes written: `write_bytes` of containerd and the grouped-snapshotter daemon from /proc/PID/io, plus the import command's own (its rusage). Cells are `median (min–max)`.\n\n")
+	b.WriteString("| layers | method | seconds | bytes written | time vs import |\n|---|---|---|---|---|\n")
+	var layers []int
+	for _, r := range res.Imports {
+		if !slices.Contains(layers, r.Layers) {
+			layers = append(layers, r.Layers)
+		}
+	}
+	slices.Sort(layers)
+	for _, n := range layers {
+		var base Summary
+		for _, m := range importMethods {
+			var secs, written []float64
+			failed, lastErr := 0, ""
+			for _, r := range res.Imports {
+				if r.Layers != n || r.Method != m {
+					continue
+				}
+				if r.Err != "" {
+					failed++
+					lastErr = r.Err
+					continue
+				}
+				secs = append(secs, r.Seconds)
+				written = append(written, float64(r.BytesWritten)/(1<<20))
+			}
+			if len(secs) == 0 && failed == 0 {
+				continue
+			}
+			s, w := Summarize(secs), Summarize(written)
+			if m == methodImport {
+				base = s
+			}
+			cell := s.format("%.2f")
+			if failed > 0 {
+				cell += fmt.Sprintf(" (%d failed: `%s`)", failed, lastErr)
+			}
+			fmt.Fprintf(b, "| %d | %s | %s | %s MiB | %s |\n", n, m, cell, w.format("%.1f"), ratio(s, base))
+		}
+	}
+	b.WriteString("\n")
+}

@@ -28,6 +28,7 @@ type Results struct {
 	Pulls    []PullRow
 	API      []APIRow
 	Memory   []MemoryRow
+	Imports  []ImportRow `json:",omitempty"`
 }
 
 // Run measures every scenario of cfg. Each containerd release runs in
@@ -66,7 +67,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	cfg.Logf("built %s", overlayProxy)
 
+	// The stages run the scenarios that compare contenders; the import
+	// scenario has an Env of its own.
+	stages := cfg.runs("starts") || cfg.runs("bursts") || cfg.runs("pulls") || cfg.runs("api") || cfg.runs("memory")
 	for vi, version := range cfg.Versions {
+		if !stages {
+			break
+		}
 		st, err := startStage(ctx, cfg, version, regEnv.Registry, overlayProxy)
 		if err != nil {
 			return res, err
@@ -88,6 +95,12 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		if err != nil {
 			return res, fmt.Errorf("containerd %s: %w", version, err)
+		}
+	}
+	if cfg.runs("import") {
+		res.Imports, err = runImports(ctx, cfg, regEnv.Registry)
+		if err != nil {
+			return res, fmt.Errorf("import scenario: %w", err)
 		}
 	}
 	return res, nil

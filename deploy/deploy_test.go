@@ -310,3 +310,28 @@ func TestInstallScriptRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestUninstallExportRefusesWithoutDaemon: `uninstall --export` exports
+// the images from the running daemon before removing anything; with
+// --no-start there is none, and it must stop with the node unchanged.
+// (The export itself is tested against a real containerd by
+// integration/conformance's TestImportExport.)
+func TestUninstallExportRefusesWithoutDaemon(t *testing.T) {
+	bin := buildDaemon(t)
+	host := t.TempDir()
+	for _, d := range []string{"usr/local/bin", "etc/systemd/system", "etc/containerd"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runInstall(t, "install", "--host-root", host, "--binary", bin, "--no-start")
+	installed := snapshotTree(t, host)
+	cmd := exec.Command("./install.sh", "uninstall", "--export", "--host-root", host, "--no-start")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--export needs the daemon and containerd running") {
+		t.Errorf("uninstall --export --no-start: %v, want a refusal naming --export:\n%s", err, out)
+	}
+	if snapshotTree(t, host) != installed {
+		t.Error("the refused uninstall changed the node")
+	}
+}

@@ -5,7 +5,7 @@
 # Idempotent: running it twice changes nothing the second time.
 #
 #   install.sh install   [options] [--binary PATH] [--cri]
-#   install.sh uninstall [options] [--purge]
+#   install.sh uninstall [options] [--export] [--purge]
 #   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
 # --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
@@ -19,6 +19,17 @@
 # --no-start            only files: touch no service and no containerd
 # --purge               uninstall also removes the snapshotter's data (its
 #                       root, after unmounting its views) and its log
+# --export              uninstall first runs `grouped-snapshotter export`
+#                       for each of --export-namespaces, so that containerd's
+#                       overlayfs has every image unpacked (hard links, no
+#                       pull) before grouped goes; it stops, changing
+#                       nothing, if the export fails
+# --export-namespaces NS
+#                       space-separated containerd namespaces to export
+#                       (default "k8s.io")
+# --containerd-address S
+#                       containerd's socket, for --export (default
+#                       /run/containerd/containerd.sock)
 # --service-manager M   systemd | none | auto (default: systemd when the
 #                       host runs it). none: the daemon runs as a detached
 #                       host process in a cgroup of its own, started here
@@ -35,9 +46,10 @@
 #                       installed, reads its config and (without systemd)
 #                       logs
 #
-# Every option except --binary, --cri, --no-start and --purge can also be
-# given in the environment (GS_HOST_ROOT, GS_HOST_PID, GS_SERVICE_MANAGER,
-# GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG, GS_ROOT, GS_SOCKET,
+# Every option except --binary, --cri, --no-start, --export and --purge can
+# also be given in the environment (GS_HOST_ROOT, GS_HOST_PID,
+# GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
+# GS_CONTAINERD_ADDRESS, GS_EXPORT_NAMESPACES, GS_ROOT, GS_SOCKET,
 # GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE), which is how the DaemonSet keeps
 # install, supervise and an uninstall run through `kubectl exec` in step.
 # All paths are host paths.
@@ -60,6 +72,9 @@ SOCKET=${GS_SOCKET:-/run/grouped-snapshotter/grouped-snapshotter.sock}
 BIN_DIR=${GS_BIN_DIR:-/usr/local/bin}
 CONFIG_FILE=${GS_CONFIG_FILE:-/etc/grouped-snapshotter/config.toml}
 LOG_FILE=${GS_LOG_FILE:-/var/log/grouped-snapshotter.log}
+CONTAINERD_ADDRESS=${GS_CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
+EXPORT_NAMESPACES=${GS_EXPORT_NAMESPACES:-k8s.io}
+EXPORT=0
 BINARY=
 CRI=0
 START=1
@@ -74,6 +89,9 @@ while [ $# -gt 0 ]; do
 	--cri) CRI=1; shift ;;
 	--no-start) START=0; shift ;;
 	--purge) PURGE=1; shift ;;
+	--export) EXPORT=1; shift ;;
+	--export-namespaces) need "$@"; EXPORT_NAMESPACES=$2; shift 2 ;;
+	--containerd-address) need "$@"; CONTAINERD_ADDRESS=$2; shift 2 ;;
 	--service-manager) need "$@"; SERVICE_MANAGER=$2; shift 2 ;;
 	--containerd-restart) need "$@"; CONTAINERD_RESTART=$2; shift 2 ;;
 	--containerd-config) need "$@"; CONTAINERD_CONFIG=$2; shift 2 ;;
@@ -86,7 +104,7 @@ while [ $# -gt 0 ]; do
 	esac
 done
 case "$ACTION" in install|uninstall|supervise) ;; *) usage ;; esac
-for p in "$CONTAINERD_CONFIG" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
+for p in "$CONTAINERD_CONFIG" "$CONTAINERD_ADDRESS" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
 	case "$p" in /*) ;; *) echo "install.sh: $p is not an absolute host path" >&2; exit 2 ;; esac
 done
 case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
@@ -379,7 +397,30 @@ do_install() {
 	echo "grouped-snapshotter installed"
 }
 
+# export_images: before anything is removed, make every image of the
+# export namespaces unpacked in containerd's overlayfs again, from the
+# running daemon's layers (grouped-snapshotter export, hard links). A
+# failure stops the uninstall with the node unchanged.
+export_images() {
+	if [ "$START" = 0 ]; then
+		echo "install.sh: --export needs the daemon and containerd running; not with --no-start" >&2
+		exit 2
+	fi
+	if [ ! -x "$H$BIN" ]; then
+		echo "install.sh: --export: $BIN is not installed" >&2
+		exit 1
+	fi
+	for ns in $EXPORT_NAMESPACES; do
+		echo "exporting the images of containerd namespace $ns to overlayfs"
+		if ! host "$BIN" export --containerd-address "$CONTAINERD_ADDRESS" --namespace "$ns"; then
+			echo "install.sh: export of namespace $ns failed; nothing was uninstalled" >&2
+			exit 1
+		fi
+	done
+}
+
 do_uninstall() {
+	[ "$EXPORT" = 0 ] || export_images
 	removed_dropin=0
 	[ -f "$H$DROPIN" ] && removed_dropin=1
 	rm -f "$H$DROPIN"

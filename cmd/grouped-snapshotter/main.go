@@ -27,6 +27,8 @@ func main() {
 			viewsCommand(),
 			gcCommand(),
 			purgeCommand(),
+			importCommand(),
+			exportCommand(),
 			configCommand(),
 			versionCommand(),
 		},

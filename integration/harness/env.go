@@ -73,6 +73,11 @@ type Options struct {
 	// pods started on one (CRI.RunPodOn) unpack their images into it at
 	// container creation if they were pulled into another.
 	CRIRuntimes map[string]string
+	// SnapshotterRoot is the grouped-snapshotter daemon's --root; empty
+	// means <Env dir>/gs. A test puts it on another filesystem than
+	// containerd's root this way. Close unmounts what is under it and
+	// removes it.
+	SnapshotterRoot string
 	// SnapshotterLayerDir is the directory, relative to the daemon's root,
 	// holding one entry per snapshot (Env.LayerDir); empty means "l", the
 	// grouped-snapshotter layout. containerd's overlay code served by
@@ -114,7 +119,9 @@ type Env struct {
 	snapshotterBin string
 	// layerSubdir is Options.SnapshotterLayerDir.
 	layerSubdir string
-	closed      bool
+	// snapshotterRoot is Options.SnapshotterRoot.
+	snapshotterRoot string
+	closed          bool
 }
 
 // Start builds and starts everything. On failure it removes what it made.
@@ -165,6 +172,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		capabilities:    opts.SnapshotterCapabilities,
 		snapshotterBin:  opts.SnapshotterBin,
 		layerSubdir:     opts.SnapshotterLayerDir,
+		snapshotterRoot: opts.SnapshotterRoot,
 	}
 	if e.capabilities == nil {
 		e.capabilities = ProxyCapabilities
@@ -200,9 +208,13 @@ func (e *Env) start(ctx context.Context, repo string) error {
 			}
 			e.logf("built %s in %s", bin, since(t0))
 		}
+		root := e.snapshotterRoot
+		if root == "" {
+			root = filepath.Join(e.Dir, "gs")
+		}
 		e.Snapshotter = &Snapshotter{
 			Bin:         bin,
-			Root:        filepath.Join(e.Dir, "gs"),
+			Root:        root,
 			Address:     filepath.Join(e.Dir, "gs.sock"),
 			ConfigPath:  snapshotterConfigPath(e.Dir),
 			LogPath:     filepath.Join(logs, "grouped-snapshotter.log"),

@@ -67,6 +67,11 @@ func (r *Registry) ping(ctx context.Context) error {
 
 func (r *Registry) stop() error { return r.proc.Stop(5 * time.Second) }
 
+// Stop stops the registry for good, so a test can show that something
+// needs no registry access (pulls then fail to connect). The Env's
+// teardown tolerates a stopped registry.
+func (r *Registry) Stop() error { return r.stop() }
+
 // freePort asks the kernel for an unused loopback TCP port.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

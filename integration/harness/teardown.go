@@ -68,6 +68,15 @@ func (e *Env) Close() error {
 		add(wrap("stop registry", r.stop()))
 	}
 	add(UnmountUnder(e.Dir))
+	if s := e.Snapshotter; s != nil && s.Root != filepath.Join(e.Dir, "gs") {
+		// Options.SnapshotterRoot: outside the Env's directory.
+		add(UnmountUnder(s.Root))
+		if left, err := MountsUnder(s.Root); err != nil || len(left) > 0 {
+			add(fmt.Errorf("not removing %s: %d mounts remain under it (%v)", s.Root, len(left), err))
+		} else {
+			add(wrap("remove "+s.Root, os.RemoveAll(s.Root)))
+		}
+	}
 	add(e.removeHostState())
 	if e.CRI != nil {
 		add(e.CRI.Network.remove(e.CRI.sandboxIDs()))

@@ -25,7 +25,10 @@ import (
 
 const (
 	manyLayers = 50
-	dsNS       = "grouped-snapshotter"
+	// importedLayers is the layer count of the image imported from
+	// overlayfs after the install.
+	importedLayers = 20
+	dsNS           = "grouped-snapshotter"
 )
 
 // TestDaemonSet deploys grouped-snapshotter the way an operator would: a
@@ -56,6 +59,7 @@ func TestDaemonSet(t *testing.T) {
 	v2 := buildInstallerImage(t, env, "e2e-2")
 	many := buildImage(t, env, harness.ImageSpec{Name: "k8s-many", Layers: manyLayers})
 	one := buildImage(t, env, harness.ImageSpec{Name: "k8s-one", Layers: 1})
+	imported := buildImage(t, env, harness.ImageSpec{Name: "k8s-imported", Layers: importedLayers})
 	t.Logf("images built and pushed in %s", since(t0))
 
 	// Before the DaemonSet, CRI runs on containerd's overlayfs.
@@ -79,6 +83,12 @@ func TestDaemonSet(t *testing.T) {
 			manyLayers, c.SnapshotSide().Total(), c.SnapshotSide().Groups(), c.SnapshotSide().Syscalls(harness.IDMapSyscalls...), c.Runc().Total())
 		kubectl(t, cl, "delete", "pod", "baseline", "--wait", "--timeout=120s")
 	})
+
+	// An image the node has before the switch: unpacked in overlayfs by
+	// CRI, as kubelet's pulls leave them.
+	if _, err := env.CRI.Crictl(ctx, "pull", imported); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("install", func(t *testing.T) {
 		t0 := time.Now()
@@ -113,6 +123,10 @@ func TestDaemonSet(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+
+	t.Run("import", func(t *testing.T) {
+		importAndRun(t, env, cl, n, imported)
+	})
 
 	t.Run("deployment", func(t *testing.T) {
 		kubectlApply(t, cl, deploymentManifest("app", many, 2))
@@ -828,3 +842,66 @@ func repoFile(t *testing.T, rel string) string {
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+// importAndRun imports ref, which CRI unpacked into overlayfs before the
+// install, with the installed `grouped-snapshotter import`, then has the
+// kubelet run it (imagePullPolicy Never): the import must make its 20
+// layers in grouped, and the pod's root filesystem must be one overlay of
+// 20 of grouped's layer directories. (Starting the pod may add the pause
+// image's layer to grouped: the first pod there.) The node's root is on
+// its own filesystem (mountNodeData), so the import copies.
+func importAndRun(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, ref string) {
+	ctx := t.Context()
+	committed := func() map[string]bool {
+		out, err := env.CtrNS(ctx, harness.CRINamespace, "snapshots", "--snapshotter", "grouped", "ls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := map[string]bool{}
+		for _, line := range strings.Split(out, "\n")[1:] {
+			if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == "Committed" {
+				keys[f[0]] = true
+			}
+		}
+		return keys
+	}
+	before := committed()
+	t0 := time.Now()
+	cmd := exec.CommandContext(ctx, n.Bin(), "import", "--containerd-address", env.Containerd.Address,
+		"--namespace", harness.CRINamespace, "--image", ref, "--lock-dir", t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("grouped-snapshotter import: %v\n%s", err, out)
+	}
+	t.Logf("imported in %s:\n%s", since(t0), out)
+	imported := committed()
+	if len(imported)-len(before) != importedLayers {
+		t.Fatalf("grouped has %d committed layers after the import, %d before; want %d more", len(imported), len(before), importedLayers)
+	}
+	manifest := strings.Replace(podManifest("imported", ref, "exec sleep 3600", true), "imagePullPolicy: IfNotPresent", "imagePullPolicy: Never", 1)
+	kubectlApply(t, cl, []byte(manifest))
+	t.Cleanup(func() {
+		_, _ = cl.Kubectl(context.Background(), "delete", "pod", "imported", "--ignore-not-found", "--wait=true")
+	})
+	kubectl(t, cl, "wait", "--for=condition=Ready", "pod/imported", "--timeout=180s")
+	var id string
+	for _, p := range podList(t, cl, "--field-selector=metadata.name=imported") {
+		if p.Name == "imported" {
+			id = containerID(t, p, "main")
+		}
+	}
+	if id == "" {
+		t.Fatal("pod imported not found")
+	}
+	m := harness.SingleMountAt(t, env.CRITaskRootfs(id))
+	lowers := m.Lowerdirs()
+	if m.FSType != "overlay" || len(lowers) != importedLayers {
+		t.Fatalf("rootfs of pod imported: %s with %d lowerdirs, want one overlay of %d", m.FSType, len(lowers), importedLayers)
+	}
+	for _, l := range lowers {
+		if filepath.Dir(l) != filepath.Join(n.Root, "l") {
+			t.Fatalf("lowerdir %s of pod imported is not in grouped-snapshotter's %s/l", l, n.Root)
+		}
+	}
+	kubectl(t, cl, "delete", "pod", "imported", "--wait", "--timeout=120s")
+}

@@ -42,6 +42,7 @@ func run() error {
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
+	importLayers := flag.String("import-layers", "", "comma-separated layer counts of the import scenario (default: the configuration's)")
 	flag.Parse()
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
@@ -105,6 +106,11 @@ func run() error {
 	}
 	if *startLayers != "" {
 		if cfg.StartLayers, err = layerCounts("start-layers", *startLayers); err != nil {
+			return err
+		}
+	}
+	if *importLayers != "" {
+		if cfg.ImportLayers, err = layerCounts("import-layers", *importLayers); err != nil {
 			return err
 		}
 	}

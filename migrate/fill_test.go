@@ -1,0 +1,259 @@
+package migrate
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// makeLayer builds a committed layer in overlayfs's format under dir:
+// owners, setuid, a whiteout (0/0 character device), an opaque directory,
+// a symlink, a hard link pair, a fifo, a device, xattrs on files,
+// directories and a symlink, and the layer root's own mode and times.
+func makeLayer(t *testing.T, dir string) {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(dir, "etc/opq"), 0o755))
+	must(os.Mkdir(filepath.Join(dir, "private"), 0o700))
+	must(os.Chown(filepath.Join(dir, "private"), 1000, 1001))
+	must(os.WriteFile(filepath.Join(dir, "etc/passwd"), []byte("root:x:0:0::/:/bin/sh\n"), 0o644))
+	must(os.WriteFile(filepath.Join(dir, "suid"), []byte("#!/bin/sh\n"), 0o755))
+	must(os.Chown(filepath.Join(dir, "suid"), 0, 0))
+	must(os.Chmod(filepath.Join(dir, "suid"), 0o4755))
+	must(os.WriteFile(filepath.Join(dir, "private/owned"), []byte("x"), 0o600))
+	must(os.Chown(filepath.Join(dir, "private/owned"), 1000, 1001))
+	must(os.Link(filepath.Join(dir, "etc/passwd"), filepath.Join(dir, "etc/passwd-link")))
+	must(os.Symlink("../etc/passwd", filepath.Join(dir, "etc/link")))
+	must(unix.Mknod(filepath.Join(dir, "etc/gone"), unix.S_IFCHR, 0))       // whiteout
+	must(unix.Mknod(filepath.Join(dir, "null"), unix.S_IFCHR|0o666, 0x103)) // 1:3
+	must(unix.Mkfifo(filepath.Join(dir, "fifo"), 0o640))
+	must(unix.Lsetxattr(filepath.Join(dir, "etc/opq"), "trusted.overlay.opaque", []byte("y"), 0))
+	must(unix.Lsetxattr(filepath.Join(dir, "etc/passwd"), "user.note", []byte("hello"), 0))
+	must(unix.Lsetxattr(filepath.Join(dir, "etc/link"), "trusted.note", []byte("on a symlink"), 0))
+	must(os.Chmod(dir, 0o751))
+	ts := []unix.Timespec{{Sec: 946684800}, {Sec: 946684800}}
+	for _, p := range []string{"etc/opq", "etc", "private", ""} {
+		must(unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(dir, p), ts, unix.AT_SYMLINK_NOFOLLOW))
+	}
+}
+
+// describe lists a tree: every attribute Fill must keep, with directory
+// times and, for non-directories, whether they share the inode of the
+// same path under other.
+func describe(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	groups := map[uint64]string{}
+	err := filepath.Walk(dir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s type=%o mode=%o owner=%d:%d", rel, st.Mode&unix.S_IFMT, st.Mode&0o7777, st.Uid, st.Gid)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			line += fmt.Sprintf(" mtime=%d", st.Mtim.Sec)
+		case unix.S_IFREG:
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(data)
+			line += " sha=" + hex.EncodeToString(sum[:6])
+			if st.Nlink > 1 {
+				if first, ok := groups[st.Ino]; ok {
+					line += " link=" + first
+				} else {
+					groups[st.Ino] = rel
+				}
+			}
+		case unix.S_IFLNK:
+			target, _ := os.Readlink(path)
+			line += " -> " + target
+		case unix.S_IFCHR, unix.S_IFBLK:
+			line += fmt.Sprintf(" rdev=%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+		names, err := listXattrs(path)
+		if err != nil {
+			return err
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			v, err := getXattr(path, n)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf(" %s=%q", n, v)
+		}
+		out = append(out, line)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestFill(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestFill needs root (devices, owners, trusted.* xattrs); CI runs it as root")
+	}
+	for _, copyMode := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copy=%v", copyMode), func(t *testing.T) {
+			base := t.TempDir()
+			src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+			if err := os.Mkdir(src, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			makeLayer(t, src)
+			st, err := Fill(t.Context(), src, dst, copyMode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, got := describe(t, src), describe(t, dst)
+			if strings.Join(want, "\n") != strings.Join(got, "\n") {
+				t.Fatalf("the filled tree differs:\nsource:\n%s\nfilled:\n%s", strings.Join(want, "\n"), strings.Join(got, "\n"))
+			}
+			// 7 non-directories: passwd, passwd-link, link, gone, null,
+			// fifo, suid, owned = 8.
+			if st.Dirs != 3 || st.Links+st.Copies != 8 {
+				t.Errorf("stats %+v: want 3 directories and 8 other entries", st)
+			}
+			var shared int
+			for _, p := range []string{"etc/passwd", "etc/passwd-link", "etc/link", "etc/gone", "null", "fifo", "suid", "private/owned"} {
+				var a, b unix.Stat_t
+				if err := unix.Lstat(filepath.Join(src, p), &a); err != nil {
+					t.Fatal(err)
+				}
+				if err := unix.Lstat(filepath.Join(dst, p), &b); err != nil {
+					t.Fatal(err)
+				}
+				if a.Ino == b.Ino {
+					shared++
+				}
+			}
+			switch {
+			case !copyMode && (shared != 8 || st.BytesCopied != 0 || st.BytesLinked == 0):
+				t.Errorf("link mode: %d of 8 entries share their inode, stats %+v", shared, st)
+			case copyMode && (shared != 0 || st.BytesLinked != 0 || st.BytesCopied == 0):
+				t.Errorf("copy mode: %d of 8 entries share their inode, stats %+v", shared, st)
+			}
+		})
+	}
+}
+
+func TestFillRefusesNonEmptyDestination(t *testing.T) {
+	base := t.TempDir()
+	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+	for _, d := range []string{src, dst} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dst, "x"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Fill(t.Context(), src, dst, false); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Fatalf("Fill into a non-empty directory: %v, want a refusal naming it", err)
+	}
+	if _, err := Fill(t.Context(), filepath.Join(base, "missing"), dst, false); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("Fill from a missing directory: %v, want an error naming it", err)
+	}
+}
+
+func TestLowerAndUpperDirs(t *testing.T) {
+	overlay := mount.Mount{Type: "overlay", Source: "overlay", Options: []string{"index=off", "workdir=/r/w/9", "upperdir=/r/l/9", "lowerdir=/r/l/8:/r/l/7"}}
+	if got, err := lowerDirs([]mount.Mount{overlay}); err != nil || strings.Join(got, " ") != "/r/l/8 /r/l/7" {
+		t.Errorf("lowerDirs(overlay) = %v, %v", got, err)
+	}
+	if got, err := upperDir([]mount.Mount{overlay}); err != nil || got != "/r/l/9" {
+		t.Errorf("upperDir(overlay) = %v, %v", got, err)
+	}
+	bind := mount.Mount{Type: "bind", Source: "/r/snapshots/3/fs", Options: []string{"ro", "rbind"}}
+	if got, err := lowerDirs([]mount.Mount{bind}); err != nil || strings.Join(got, " ") != "/r/snapshots/3/fs" {
+		t.Errorf("lowerDirs(bind) = %v, %v", got, err)
+	}
+	if got, err := upperDir([]mount.Mount{bind}); err != nil || got != "/r/snapshots/3/fs" {
+		t.Errorf("upperDir(bind) = %v, %v", got, err)
+	}
+	for _, bad := range [][]mount.Mount{nil, {bind, bind}, {{Type: "erofs", Source: "/x"}}, {{Type: "overlay", Options: []string{"ro"}}}} {
+		if _, err := lowerDirs(bad); err == nil {
+			t.Errorf("lowerDirs(%v) accepted mounts it cannot read", bad)
+		}
+		if _, err := upperDir(bad); err == nil {
+			t.Errorf("upperDir(%v) accepted mounts it cannot read", bad)
+		}
+	}
+}
+
+// TestCheckRoom copies nothing that would not fit: a 1 MiB tmpfs cannot
+// take a layer of 2 MiB (the check keeps 64 MiB spare anyway), and the
+// error says why, with errdefs' ResourceExhausted.
+func TestCheckRoom(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestCheckRoom needs root (it mounts a tmpfs); CI runs it as root")
+	}
+	base := t.TempDir()
+	src, small := filepath.Join(base, "src"), filepath.Join(base, "small")
+	for _, d := range []string{src, small} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "big"), make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(small, 0); err != nil {
+			t.Errorf("unmount %s: %v", small, err)
+		}
+	})
+	err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, small)
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no room to copy 1 layers") || !strings.Contains(err.Error(), small) {
+		t.Fatalf("checkRoom into a 1 MiB tmpfs: %v; want ResourceExhausted naming %s", err, small)
+	}
+	// The disk of the test's own temporary directory has room for 2 MiB.
+	if err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, base); err != nil {
+		t.Fatalf("checkRoom into %s: %v", base, err)
+	}
+}
+
+func TestCommonDir(t *testing.T) {
+	for _, c := range []struct {
+		dirs []string
+		want string
+	}{
+		{[]string{"/r/snapshots/12/fs"}, "/r/snapshots/12/fs"},
+		{[]string{"/r/snapshots/12/fs", "/r/snapshots/1/fs", "/r/snapshots/123/fs"}, "/r/snapshots"},
+		{[]string{"/r/l/a", "/r/l/ab"}, "/r/l"},
+		{[]string{"/a/x", "/b/y"}, "/"},
+	} {
+		if got := commonDir(c.dirs); got != c.want {
+			t.Errorf("commonDir(%q) = %q, want %q", c.dirs, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,682 @@
+// Package migrate moves a node's unpacked images between two of
+// containerd's snapshotters without pulling them again: import (from
+// containerd's overlayfs into grouped) and export (back) are the same
+// operation with the two names swapped.
+//
+// A run first plans every selected image (its chain, what the destination
+// lacks, the source's layer directories) and refuses before making
+// anything when one cannot move: an image only partly unpacked in the
+// source, a source layer with a mount on it. Copies (across filesystems)
+// are refused when they would not fit.
+//
+// Both snapshotters keep a committed layer as a plain directory in
+// overlayfs's on-disk format (whiteouts are 0/0 character devices, opaque
+// directories carry trusted.overlay.opaque). For each image and each layer
+// of its platform's chain that the destination lacks, Run goes through
+// containerd's snapshot API, so that containerd's metadata knows the new
+// snapshots: it prepares an active snapshot keyed "gs-migrate-<chain ID>"
+// on the layer's parent, fills its directory from the source's committed
+// directory (hard links on one filesystem, copies across two; see Fill),
+// and commits it under the chain ID with the labels containerd's unpacker
+// sets (core/unpack). Then, like the unpacker, it labels the layer blobs
+// containerd.io/uncompressed and the image config
+// containerd.io/gc.ref.snapshot.<destination>, so that the image counts as
+// unpacked there and garbage collection keeps the snapshots.
+//
+// A run holds a containerd lease of a fixed name while it works, so a
+// collection cannot take committed layers before the config label points
+// at them, and a file lock so that two runs never interleave. A run that
+// dies leaves at most one uncommitted active snapshot per chain and the
+// lease; the next run removes the active snapshots, reuses the lease,
+// skips the layers already committed and deletes the lease at its end.
+// Nothing half made is ever committed: a Commit is atomic.
+package migrate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/platforms"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+)
+
+const (
+	// ActivePrefix starts the keys of the active snapshots a run fills.
+	ActivePrefix = "gs-migrate-"
+	// viewPrefix starts the keys of the views a run reads layer paths from.
+	viewPrefix = "gs-migrate-view-"
+	// leasePrefix starts the lease a run holds ("<prefix><destination>").
+	leasePrefix = "grouped-snapshotter-migrate-"
+	// leaseExpiry bounds how long a dead run's lease keeps its layers.
+	leaseExpiry = 24 * time.Hour
+	// labelParentChainID is the unpacker's label naming a layer's parent
+	// (core/unpack's labelSnapshotParent, unexported there).
+	labelParentChainID = "containerd.io/snapshot/parent-chain-id"
+	// roomMargin is kept free on the destination's filesystem when copying.
+	roomMargin = 64 << 20
+)
+
+// Options configure Run.
+type Options struct {
+	// Namespace is the containerd namespace whose images move.
+	Namespace string
+	// Images are image references; empty means every image of Namespace.
+	// A named image that cannot move is an error; with every image, one
+	// that is not unpacked in From is skipped and reported.
+	Images []string
+	// From and To are the snapshotters' names in containerd.
+	From, To string
+	// Platform selects each image's manifest; nil is the host's.
+	Platform platforms.MatchComparer
+	// LockFile serialises runs against the same containerd namespace.
+	LockFile string
+	// Progress, if set, is called as layers are made.
+	Progress func(Progress)
+}
+
+// Progress reports where a run is.
+type Progress struct {
+	Image          string
+	Index, Images  int // Index counts from 1
+	Layer, Layers  int // Layer counts from 1; 0 while planning
+	Copying        bool
+	Stats          FillStats // so far, the whole run
+	LayersPresent  int       // of this image, already in the destination
+	Made           int       // of this image, made by this run (when completed)
+	ImageCompleted bool
+}
+
+// Summary is what a run did.
+type Summary struct {
+	From, To string
+	// Images moved or already complete in To.
+	Images int
+	// Skipped are the images left alone, with why.
+	Skipped []Skipped
+	// Layers made; LayersPresent were already in To.
+	Layers, LayersPresent int
+	// Copied is set when some layer was copied (From and To on different
+	// filesystems) rather than linked.
+	Copied   bool
+	Stats    FillStats
+	Duration time.Duration
+	// StaleRemoved counts the active snapshots of an interrupted run that
+	// this run removed.
+	StaleRemoved int
+}
+
+// Skipped is an image Run left alone.
+type Skipped struct {
+	Image, Reason string
+}
+
+// LockPath returns the lock file for runs against containerd at address in
+// namespace, in dir.
+func LockPath(dir, address, namespace string) string {
+	sum := sha256.Sum256([]byte(address + "\x00" + namespace))
+	return filepath.Join(dir, "grouped-snapshotter-migrate-"+hex.EncodeToString(sum[:8])+".lock")
+}
+
+// Run moves the selected images' layers from Options.From to Options.To.
+func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retErr error) {
+	t0 := time.Now()
+	sum.From, sum.To = opts.From, opts.To
+	defer func() { sum.Duration = time.Since(t0) }()
+	if opts.Namespace == "" || opts.From == "" || opts.To == "" || opts.From == opts.To {
+		return sum, fmt.Errorf("migrate needs a namespace and two different snapshotters (from %q to %q): %w", opts.From, opts.To, errdefs.ErrInvalidArgument)
+	}
+	if opts.Platform == nil {
+		opts.Platform = platforms.Default()
+	}
+	unlock, err := lock(opts.LockFile)
+	if err != nil {
+		return sum, err
+	}
+	defer unlock()
+	ctx = namespaces.WithNamespace(ctx, opts.Namespace)
+
+	r := &run{c: c, opts: opts, from: c.SnapshotService(opts.From), to: c.SnapshotService(opts.To), cs: c.ContentStore(), sum: &sum}
+	leaseID := leasePrefix + opts.To
+	ctx, err = r.holdLease(ctx, leaseID)
+	if err != nil {
+		return sum, err
+	}
+	defer func() {
+		// Without the lease, layers committed for an image whose config
+		// label was not set are collected: nothing half made stays.
+		if err := c.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: leaseID}); err != nil && !errdefs.IsNotFound(err) {
+			retErr = errors.Join(retErr, fmt.Errorf("delete lease %s: %w", leaseID, err))
+		}
+	}()
+	if err := r.removeStale(ctx); err != nil {
+		return sum, err
+	}
+	targets, err := r.selectImages(ctx)
+	if err != nil {
+		return sum, err
+	}
+	// Every image is checked before anything is made: a refusal leaves
+	// the destination as it was.
+	var plans []*plan
+	for _, img := range targets {
+		p, err := r.plan(ctx, img)
+		if err != nil {
+			var skip skipError
+			if errors.As(err, &skip) && len(opts.Images) == 0 {
+				sum.Skipped = append(sum.Skipped, Skipped{Image: img.Name, Reason: skip.reason})
+				continue
+			}
+			return sum, fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		plans = append(plans, p)
+	}
+	r.plans = plans
+	for i, p := range plans {
+		if err := r.image(ctx, p, i+1, len(plans)); err != nil {
+			return sum, fmt.Errorf("image %s: %w", p.img.Name, err)
+		}
+		sum.Images++
+	}
+	return sum, nil
+}
+
+type run struct {
+	c        *client.Client
+	opts     Options
+	from, to snapshots.Snapshotter
+	cs       content.Store
+	sum      *Summary
+	// plans are every image's, made in order.
+	plans []*plan
+	// roomChecked is set once the room for copies has been checked.
+	roomChecked bool
+}
+
+// skipError is an image that is not unpacked in the source at all: left
+// alone when moving every image.
+type skipError struct{ reason string }
+
+func (e skipError) Error() string { return e.reason }
+
+// Unwrap gives a named image that is not there to move errdefs' NotFound.
+func (e skipError) Unwrap() error { return errdefs.ErrNotFound }
+
+func lock(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create lock directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
+	}
+	return func() { f.Close() }, nil
+}
+
+// holdLease creates the run's lease, or reuses the one a dead run left.
+func (r *run) holdLease(ctx context.Context, id string) (context.Context, error) {
+	ls := r.c.LeasesService()
+	existing, err := ls.List(ctx, "id=="+id)
+	if err != nil {
+		return ctx, fmt.Errorf("list leases: %w", err)
+	}
+	if len(existing) == 0 {
+		if _, err := ls.Create(ctx, leases.WithID(id), leases.WithExpiration(leaseExpiry)); err != nil {
+			return ctx, fmt.Errorf("create lease %s: %w", id, err)
+		}
+	} else {
+		log.G(ctx).WithField("lease", id).Info("reusing the lease of an interrupted run")
+	}
+	return leases.WithLease(ctx, id), nil
+}
+
+// removeStale removes the active snapshots and views an interrupted run
+// left: never committed, so never used.
+func (r *run) removeStale(ctx context.Context) error {
+	for _, sn := range []struct {
+		name string
+		s    snapshots.Snapshotter
+	}{{r.opts.To, r.to}, {r.opts.From, r.from}} {
+		var stale []string
+		if err := sn.s.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			if info.Kind != snapshots.KindCommitted && strings.HasPrefix(info.Name, ActivePrefix) {
+				stale = append(stale, info.Name)
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("list %s snapshots: %w", sn.name, err)
+		}
+		for _, key := range stale {
+			if err := sn.s.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("remove the interrupted run's snapshot %s from %s: %w", key, sn.name, err)
+			}
+			log.G(ctx).WithField("key", key).WithField("snapshotter", sn.name).Info("removed an interrupted run's snapshot")
+			if sn.name == r.opts.To {
+				r.sum.StaleRemoved++
+			}
+		}
+	}
+	return nil
+}
+
+func (r *run) selectImages(ctx context.Context) ([]images.Image, error) {
+	is := r.c.ImageService()
+	if len(r.opts.Images) == 0 {
+		all, err := is.List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list images of namespace %s: %w", r.opts.Namespace, err)
+		}
+		return all, nil
+	}
+	var out []images.Image
+	for _, ref := range r.opts.Images {
+		img, err := is.Get(ctx, ref)
+		if err != nil {
+			return nil, fmt.Errorf("image %q in namespace %s: %w", ref, r.opts.Namespace, err)
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
+
+// layer is one layer of an image's chain.
+type layer struct {
+	chainID, diffID digest.Digest
+	blob            ocispec.Descriptor
+	src             string // the source's committed directory
+}
+
+// plan is one image's work: its layers, the first one the destination
+// lacks (they are made bottom up) and its config.
+type plan struct {
+	img    images.Image
+	config ocispec.Descriptor
+	layers []layer
+	first  int
+}
+
+// plan reads img's chain and checks that it can move: the source has the
+// whole chain, with no mount on its layers. Nothing is made.
+func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
+	mf, err := images.Manifest(ctx, r.cs, img.Target, r.opts.Platform)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, skipError{fmt.Sprintf("no manifest for this platform in the content store: %v", err)}
+		}
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	diffIDs, err := images.RootFS(ctx, r.cs, mf.Config)
+	if err != nil {
+		return nil, fmt.Errorf("read config %s: %w", mf.Config.Digest, err)
+	}
+	if len(diffIDs) != len(mf.Layers) {
+		return nil, fmt.Errorf("config lists %d layers, manifest %d: %w", len(diffIDs), len(mf.Layers), errdefs.ErrFailedPrecondition)
+	}
+	if len(diffIDs) == 0 {
+		return nil, skipError{"no layers"}
+	}
+	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
+	p := &plan{img: img, config: mf.Config, layers: make([]layer, len(chain))}
+	for i := range chain {
+		p.layers[i] = layer{chainID: chain[i], diffID: diffIDs[i], blob: mf.Layers[i]}
+	}
+	top := chain[len(chain)-1].String()
+	p.first = len(p.layers)
+	if _, err := r.to.Stat(ctx, top); errdefs.IsNotFound(err) {
+		p.first = 0
+		for p.first < len(p.layers) {
+			if _, err := r.to.Stat(ctx, p.layers[p.first].chainID.String()); errdefs.IsNotFound(err) {
+				break
+			} else if err != nil {
+				return nil, fmt.Errorf("stat %s in %s: %w", p.layers[p.first].chainID, r.opts.To, err)
+			}
+			p.first++
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("stat %s in %s: %w", top, r.opts.To, err)
+	}
+	if p.first < len(p.layers) {
+		if err := r.sourcePaths(ctx, p.layers); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// image makes plan p's missing layers and labels its config.
+func (r *run) image(ctx context.Context, p *plan, index, total int) error {
+	report := func(pr Progress) {
+		if r.opts.Progress != nil {
+			pr.Image, pr.Index, pr.Images, pr.Stats = p.img.Name, index, total, r.sum.Stats
+			r.opts.Progress(pr)
+		}
+	}
+	report(Progress{})
+	r.sum.LayersPresent += p.first
+	madeBefore := r.sum.Layers
+	if p.first < len(p.layers) {
+		if err := r.makeLayers(ctx, p.layers, p.first, report); err != nil {
+			return err
+		}
+	}
+	// As the unpacker does at the end of an unpack (core/unpack): the
+	// config names the top snapshot for the garbage collector.
+	top := p.layers[len(p.layers)-1].chainID.String()
+	gcLabel := "containerd.io/gc.ref.snapshot." + r.opts.To
+	if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{gcLabel: top}}, "labels."+gcLabel); err != nil {
+		return fmt.Errorf("label config %s %s=%s: %w", p.config.Digest, gcLabel, top, err)
+	}
+	made := r.sum.Layers - madeBefore
+	report(Progress{Layer: len(p.layers), Layers: len(p.layers), LayersPresent: len(p.layers) - made, Made: made, ImageCompleted: true})
+	return nil
+}
+
+// sourcePaths finds the committed directory of every layer in the source
+// through a temporary view of the top layer (its mount lists them all),
+// and refuses an incomplete chain and a layer with a mount on it.
+func (r *run) sourcePaths(ctx context.Context, layers []layer) error {
+	top := layers[len(layers)-1].chainID.String()
+	if _, err := r.from.Stat(ctx, top); errdefs.IsNotFound(err) {
+		have := 0
+		for have < len(layers) {
+			if _, err := r.from.Stat(ctx, layers[have].chainID.String()); err != nil {
+				break
+			}
+			have++
+		}
+		if have == 0 {
+			return skipError{fmt.Sprintf("not unpacked in %s", r.opts.From)}
+		}
+		return fmt.Errorf("incomplete chain: %s has layers 1-%d of %d, not layer %d (%s): unpack the image there first: %w",
+			r.opts.From, have, len(layers), have+1, layers[have].chainID, errdefs.ErrFailedPrecondition)
+	} else if err != nil {
+		return fmt.Errorf("stat %s in %s: %w", top, r.opts.From, err)
+	}
+	key := fmt.Sprintf("%s%d-%s", viewPrefix, time.Now().UnixNano(), layers[len(layers)-1].chainID.Encoded()[:12])
+	mounts, err := r.from.View(ctx, key, top)
+	if err != nil {
+		return fmt.Errorf("view %s in %s: %w", top, r.opts.From, err)
+	}
+	defer func() {
+		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil {
+			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the temporary view")
+		}
+	}()
+	dirs, err := lowerDirs(mounts)
+	if err != nil {
+		return fmt.Errorf("view of %s in %s: %w", top, r.opts.From, err)
+	}
+	if len(dirs) != len(layers) {
+		return fmt.Errorf("the view of %s in %s has %d layer directories, the image %d: %w", top, r.opts.From, len(dirs), len(layers), errdefs.ErrFailedPrecondition)
+	}
+	mps, err := mountgroup.MountsUnder(commonDir(dirs))
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	for i := range layers {
+		dir := dirs[len(dirs)-1-i]
+		for _, mp := range mps {
+			if mp == dir || strings.HasPrefix(mp, dir+"/") {
+				return fmt.Errorf("layer %d (%s) in %s: %s has a mount on it (%s); unmount it first: %w",
+					i+1, layers[i].chainID, r.opts.From, dir, mp, errdefs.ErrFailedPrecondition)
+			}
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(dir, &st); err != nil {
+			return fmt.Errorf("layer %d (%s) in %s: %w (run this on the node, in containerd's mount namespace)", i+1, layers[i].chainID, r.opts.From, err)
+		}
+		layers[i].src = dir
+	}
+	return nil
+}
+
+// commonDir returns the deepest directory holding every one of dirs.
+func commonDir(dirs []string) string {
+	common := filepath.Clean(dirs[0])
+	for _, d := range dirs[1:] {
+		d = filepath.Clean(d)
+		for common != "/" && d != common && !strings.HasPrefix(d, common+"/") {
+			common = filepath.Dir(common)
+		}
+	}
+	return common
+}
+
+// lowerDirs returns the layer directories of a view's mounts, top first:
+// a bind of the one layer, or an overlay's lowerdir list.
+func lowerDirs(mounts []mount.Mount) ([]string, error) {
+	if len(mounts) != 1 {
+		return nil, fmt.Errorf("%d mounts, want one bind or overlay: %w", len(mounts), errdefs.ErrNotImplemented)
+	}
+	m := mounts[0]
+	switch m.Type {
+	case "bind", "rbind":
+		return []string{m.Source}, nil
+	case "overlay":
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+				return strings.Split(v, ":"), nil
+			}
+		}
+		return nil, fmt.Errorf("overlay mount without lowerdir= (%v): %w", m.Options, errdefs.ErrNotImplemented)
+	}
+	return nil, fmt.Errorf("mount type %q, want bind or overlay: %w", m.Type, errdefs.ErrNotImplemented)
+}
+
+// upperDir returns the directory an active snapshot's mounts write to.
+func upperDir(mounts []mount.Mount) (string, error) {
+	if len(mounts) != 1 {
+		return "", fmt.Errorf("%d mounts, want one bind or overlay: %w", len(mounts), errdefs.ErrNotImplemented)
+	}
+	m := mounts[0]
+	switch m.Type {
+	case "bind", "rbind":
+		return m.Source, nil
+	case "overlay":
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				return v, nil
+			}
+		}
+		return "", fmt.Errorf("overlay mount without upperdir= (%v): %w", m.Options, errdefs.ErrNotImplemented)
+	}
+	return "", fmt.Errorf("mount type %q, want bind or overlay: %w", m.Type, errdefs.ErrNotImplemented)
+}
+
+// makeLayers makes layers[first:] in the destination, bottom up.
+func (r *run) makeLayers(ctx context.Context, layers []layer, first int, report func(Progress)) error {
+	for i := first; i < len(layers); i++ {
+		l := layers[i]
+		chainID := l.chainID.String()
+		// Another image may have made it meanwhile (a shared base).
+		if _, err := r.to.Stat(ctx, chainID); err == nil {
+			r.sum.LayersPresent++
+			continue
+		}
+		info, err := r.from.Stat(ctx, chainID)
+		if err != nil {
+			return fmt.Errorf("stat layer %d (%s) in %s: %w", i+1, chainID, r.opts.From, err)
+		}
+		// The labels the unpacker sets, and the layer's inherited ones.
+		lbls := snapshots.FilterInheritedLabels(info.Labels)
+		if lbls == nil {
+			lbls = map[string]string{}
+		}
+		delete(lbls, snapshots.LabelSnapshotUIDMapping)
+		delete(lbls, snapshots.LabelSnapshotGIDMapping)
+		lbls[snapshots.LabelSnapshotRef] = chainID
+		lbls[snapshots.LabelSnapshotDiffID] = l.diffID.String()
+		parent := ""
+		if i > 0 {
+			parent = layers[i-1].chainID.String()
+			lbls[labelParentChainID] = parent
+		}
+		key := ActivePrefix + chainID
+		// An interrupted run may have left this key in containerd's
+		// metadata without a snapshot behind it (killed while containerd
+		// committed it: the backend committed, the metadata transaction
+		// did not), which Walk does not list: remove it by name. The
+		// backend's orphan goes with the next garbage collection.
+		if err := r.to.Remove(ctx, key); err == nil {
+			r.sum.StaleRemoved++
+			log.G(ctx).WithField("key", key).Info("removed an interrupted run's snapshot")
+		} else if !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove the interrupted run's snapshot %s from %s: %w", key, r.opts.To, err)
+		}
+		mounts, err := r.to.Prepare(ctx, key, parent, snapshots.WithLabels(lbls))
+		if errdefs.IsAlreadyExists(err) {
+			// containerd found the target (the chain ID) committed
+			// meanwhile: someone else unpacked it.
+			if _, serr := r.to.Stat(ctx, chainID); serr == nil {
+				r.sum.LayersPresent++
+				continue
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("prepare %s in %s: %w", key, r.opts.To, err)
+		}
+		committed := false
+		removeActive := func() {
+			if committed {
+				return
+			}
+			if err := r.to.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
+				log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the active snapshot; the next run removes it")
+			}
+		}
+		err = func() error {
+			dst, err := upperDir(mounts)
+			if err != nil {
+				return fmt.Errorf("active snapshot %s in %s: %w", key, r.opts.To, err)
+			}
+			copyMode, err := differentFilesystems(l.src, dst)
+			if err != nil {
+				return err
+			}
+			if copyMode && !r.roomChecked {
+				// Once, for every layer still to make in this run.
+				if err := checkRoom(ctx, r.pendingLayers(layers[i].chainID), dst); err != nil {
+					return err
+				}
+				r.roomChecked = true
+			}
+			r.sum.Copied = r.sum.Copied || copyMode
+			report(Progress{Layer: i + 1, Layers: len(layers), LayersPresent: first, Copying: copyMode})
+			st, err := Fill(ctx, l.src, dst, copyMode)
+			r.sum.Stats.add(st)
+			if err != nil {
+				return fmt.Errorf("layer %d (%s): %w", i+1, chainID, err)
+			}
+			if err := r.to.Commit(ctx, chainID, key, snapshots.WithLabels(lbls)); err != nil {
+				if errdefs.IsAlreadyExists(err) {
+					// Made meanwhile by someone else: theirs is as good.
+					return nil
+				}
+				return fmt.Errorf("commit %s as %s in %s: %w", key, chainID, r.opts.To, err)
+			}
+			committed = true
+			r.sum.Layers++
+			return nil
+		}()
+		removeActive()
+		if err != nil {
+			return err
+		}
+		// The unpacker labels the layer blob with its uncompressed digest
+		// once verified; a blob discarded after unpacking is fine. The
+		// source's unpack usually set it already (content labels are not
+		// per snapshotter): then a write is saved.
+		if ci, err := r.cs.Info(ctx, l.blob.Digest); err == nil && ci.Labels[labels.LabelUncompressed] == l.diffID.String() {
+			continue
+		}
+		if _, err := r.cs.Update(ctx, content.Info{Digest: l.blob.Digest, Labels: map[string]string{labels.LabelUncompressed: l.diffID.String()}},
+			"labels."+labels.LabelUncompressed); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("label layer blob %s: %w", l.blob.Digest, err)
+		}
+	}
+	return nil
+}
+
+// pendingLayers returns the layers of every plan still to make, from the
+// one named from on, each chain ID once.
+func (r *run) pendingLayers(from digest.Digest) []layer {
+	var out []layer
+	seen := map[digest.Digest]bool{}
+	started := false
+	for _, p := range r.plans {
+		for _, l := range p.layers[p.first:] {
+			started = started || l.chainID == from
+			if started && !seen[l.chainID] {
+				seen[l.chainID] = true
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
+func differentFilesystems(a, b string) (bool, error) {
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		return false, fmt.Errorf("stat %s: %w", a, err)
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		return false, fmt.Errorf("stat %s: %w", b, err)
+	}
+	return sa.Dev != sb.Dev, nil
+}
+
+// checkRoom refuses to copy layers that would not fit dst's filesystem
+// with roomMargin to spare.
+func checkRoom(ctx context.Context, layers []layer, dst string) error {
+	var need, inodes int64
+	for _, l := range layers {
+		b, n, err := measure(ctx, l.src)
+		if err != nil {
+			return err
+		}
+		need += b
+		inodes += n
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dst, &fs); err != nil {
+		return fmt.Errorf("statfs %s: %w", dst, err)
+	}
+	free := int64(fs.Bavail) * fs.Bsize //nolint:gosec // block counts fit int64
+	if need+roomMargin > free {
+		return fmt.Errorf("no room to copy %d layers: they need %d bytes (+%d spare) and %s has %d free; free some space or put both roots on one filesystem (then layers are hard-linked): %w",
+			len(layers), need, roomMargin, dst, free, errdefs.ErrResourceExhausted)
+	}
+	if fs.Files > 0 && int64(fs.Ffree) < inodes { //nolint:gosec // inode counts fit int64
+		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", len(layers), inodes, dst, fs.Ffree, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
