@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
@@ -75,7 +76,7 @@ func Run(ctx context.Context, o Options) []Result {
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		switch err := mountgroup.ProbeIDMappedMount(probeDir); {
+		switch err := idmount.ProbeIDMappedMount(probeDir); {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap == "view":

@@ -7,7 +7,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 )
 
 // ViewInfo describes one registered idmapped view.
@@ -57,7 +57,7 @@ func (s *Snapshotter) Views(ctx context.Context) ([]ViewInfo, error) {
 	for i := range out {
 		if s.views != nil {
 			out[i].Path = s.views.Path(out[i].Name)
-			out[i].Mounted, _ = mountgroup.IsMountPoint(out[i].Path)
+			out[i].Mounted, _ = idmount.IsMountPoint(out[i].Path)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

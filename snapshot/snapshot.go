@@ -39,6 +39,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
@@ -89,7 +90,7 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	idmap   IDMapMode
 	options []string
-	views   *mountgroup.Views // nil in shim mode
+	views   *idmount.Views // nil in shim mode
 	startup StartupReport
 	// nextView is the next view name (base 36) this process hands out;
 	// names are never handed out twice (see views.go).
@@ -181,7 +182,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
 	if cfg.IDMap == IDMapView {
-		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir), cfg.UsernsSpares); err != nil {
+		if s.views, err = idmount.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir), cfg.UsernsSpares); err != nil {
 			ms.Close()
 			return nil, err
 		}

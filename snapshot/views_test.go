@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
@@ -35,7 +36,7 @@ func lowerdirs(t *testing.T, m mount.Mount) []string {
 
 func viewMounts(t *testing.T, sn *Snapshotter) []string {
 	t.Helper()
-	mps, err := mountgroup.MountsUnder(filepath.Join(sn.Root(), viewsDir))
+	mps, err := idmount.MountsUnder(filepath.Join(sn.Root(), viewsDir))
 	if err != nil {
 		t.Fatal(err)
 	}

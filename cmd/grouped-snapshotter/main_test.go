@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
@@ -168,7 +168,7 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 }
 
 func unmountUnder(t *testing.T, dir string) {
-	mps, err := mountgroup.MountsUnder(dir)
+	mps, err := idmount.MountsUnder(dir)
 	if err != nil {
 		t.Error(err)
 	}

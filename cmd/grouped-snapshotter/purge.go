@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
@@ -71,7 +71,7 @@ func purgeRoot(root string) (bool, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return false, fmt.Errorf("purge %q: %s is in use (is grouped-snapshotter still running?): %w", root, meta, err)
 	}
-	mounts, err := mountgroup.MountsUnder(root)
+	mounts, err := idmount.MountsUnder(root)
 	if err != nil {
 		return false, fmt.Errorf("purge %q: list mounts: %w", root, err)
 	}

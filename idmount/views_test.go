@@ -1,4 +1,4 @@
-package mountgroup
+package idmount
 
 import (
 	"errors"
@@ -188,12 +188,9 @@ func TestViewsDirIsPrivate(t *testing.T) {
 	t.Fatalf("views dir %q is not a mount point", v.Dir())
 }
 
-func TestProbes(t *testing.T) {
+func TestProbeIDMappedMount(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	if err := ProbeOverlay(dir); err != nil {
-		t.Errorf("ProbeOverlay: %v", err)
-	}
 	if err := ProbeIDMappedMount(dir); err != nil {
 		t.Errorf("ProbeIDMappedMount: %v", err)
 	}

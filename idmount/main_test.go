@@ -1,0 +1,10 @@
+package idmount
+
+import (
+	"os"
+	"testing"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
+)
+
+func TestMain(m *testing.M) { os.Exit(mountleak.Run(m)) }
