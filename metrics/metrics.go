@@ -1,7 +1,7 @@
 // Package metrics instruments a snapshotter with Prometheus metrics: call
 // counts, errors and latencies per operation, the shape of returned mounts,
-// snapshots by kind, disk usage, views and the mount syscalls the
-// snapshotter made itself.
+// snapshots by kind, disk usage, mapped parents (idmapped mounts of the
+// layer parent) and the mount syscalls the snapshotter made itself.
 package metrics
 
 import (
@@ -62,7 +62,7 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Name: "mount_syscalls_total",
-			Help: "Mount-family syscalls the snapshotter made itself (views; container mounts are the shim's).",
+			Help: "Mount-family syscalls the snapshotter made itself (mapped parents; container mounts are the shim's).",
 		}, func() float64 { return float64(sn.MountSyscalls()) }),
 		&stateCollector{sn: sn},
 	)

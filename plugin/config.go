@@ -68,7 +68,7 @@ func DefaultConfig() Config {
 		RootPath:          DefaultRoot,
 		Address:           DefaultAddress,
 		ContainerdAddress: DefaultContainerdAddress,
-		IDMap:             string(snapshot.IDMapView),
+		IDMap:             string(snapshot.IDMapMappedParent),
 		UsernsSpares:      DefaultUsernsSpares,
 		LogLevel:          "info",
 	}
@@ -122,9 +122,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapView, snapshot.IDMapShim:
+	case snapshot.IDMapMappedParent, snapshot.IDMapShim:
 	default:
-		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapView, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

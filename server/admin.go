@@ -21,7 +21,7 @@ const AdminService = "grouped.v1.Admin"
 // Admin is what the admin service exposes.
 type Admin interface {
 	Info(ctx context.Context) (DaemonInfo, error)
-	Views(ctx context.Context) ([]snapshot.ViewInfo, error)
+	MappedParents(ctx context.Context) ([]snapshot.MappedParentInfo, error)
 	Orphans(ctx context.Context) ([]string, error)
 	// RemoveOrphans removes what Orphans lists and returns what it removed.
 	RemoveOrphans(ctx context.Context) ([]string, error)
@@ -39,8 +39,11 @@ type DaemonInfo struct {
 type adminHandler func(ctx context.Context, a Admin) (any, error)
 
 var adminMethods = map[string]adminHandler{
-	"Info":  func(ctx context.Context, a Admin) (any, error) { return a.Info(ctx) },
-	"Views": func(ctx context.Context, a Admin) (any, error) { return a.Views(ctx) },
+	"Info":          func(ctx context.Context, a Admin) (any, error) { return a.Info(ctx) },
+	"MappedParents": func(ctx context.Context, a Admin) (any, error) { return a.MappedParents(ctx) },
+	// Views is MappedParents under its release-1 name, for CLIs of that
+	// release talking to this daemon during an upgrade.
+	"Views": func(ctx context.Context, a Admin) (any, error) { return a.MappedParents(ctx) },
 	"Orphans": func(ctx context.Context, a Admin) (any, error) {
 		return a.Orphans(ctx)
 	},

@@ -32,7 +32,7 @@ func editDB(t *testing.T, root string, fn func(g *bolt.Bucket) error) {
 	}
 }
 
-func readFormat(t *testing.T, root string) (format string, nextView uint64) {
+func readFormat(t *testing.T, root string) (format string, nextMapped uint64) {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(root, dbFile), 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
@@ -42,13 +42,13 @@ func readFormat(t *testing.T, root string) (format string, nextView uint64) {
 	db.View(func(tx *bolt.Tx) error {
 		if g := tx.Bucket(bucketGrouped); g != nil {
 			format = string(g.Get(keyFormat))
-			if v := g.Get(keyNextView); len(v) == 8 {
-				nextView = binary.BigEndian.Uint64(v)
+			if v := g.Get(keyNextMapped); len(v) == 8 {
+				nextMapped = binary.BigEndian.Uint64(v)
 			}
 		}
 		return nil
 	})
-	return format, nextView
+	return format, nextMapped
 }
 
 func TestFormatNewRootIsCurrent(t *testing.T) {
@@ -59,7 +59,7 @@ func TestFormatNewRootIsCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	if f, _ := readFormat(t, root); f != "2" {
 		t.Fatalf("format of a new root: %q, want 2", f)
 	}
@@ -73,7 +73,7 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	editDB(t, root, func(g *bolt.Bucket) error { return g.Put(keyFormat, []byte("3")) })
 	before, err := os.ReadFile(filepath.Join(root, dbFile))
 	if err != nil {
@@ -90,7 +90,7 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 	if !bytes.Equal(before, after) {
 		t.Error("refusing a newer root changed its metadata file")
 	}
-	if isMount, _ := isMountPoint(t, filepath.Join(root, viewsDir)); isMount {
+	if isMount, _ := isMountPoint(t, filepath.Join(root, mappedDir)); isMount {
 		t.Error("refusing a newer root mounted its views directory")
 	}
 }
@@ -119,22 +119,22 @@ func TestFormatMigratesFormat1(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	editDB(t, root, func(g *bolt.Bucket) error {
 		if err := g.Delete(keyFormat); err != nil {
 			return err
 		}
-		return g.Delete(keyNextView)
+		return g.Delete(keyNextMapped)
 	})
 	sn, err = New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
 	if _, err := sn.Prepare(ctx, "b", top, remap("400000")); err != nil {
 		t.Fatal(err)
 	}
-	views, err := sn.Views(ctx)
+	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ func TestStartupReconciliation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
-	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.ViewsRemoved) != 0 {
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
+	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.MappedParentsRemoved) != 0 {
 		t.Errorf("a fresh root reported repairs: %+v", r)
 	}
 	ctx := testContext()
@@ -34,7 +34,7 @@ func TestStartupReconciliation(t *testing.T) {
 	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
 		t.Fatal(err)
 	}
-	views := viewMounts(t, sn)
+	views := mappedMounts(t, sn)
 	if len(views) != 2 {
 		t.Fatalf("want 2 views, got %v", views)
 	}
@@ -77,7 +77,7 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	report := sn.Startup()
-	if got := strings.Join(report.ViewsRemoved, " "); got != filepath.Base(views[1]) {
+	if got := strings.Join(report.MappedParentsRemoved, " "); got != filepath.Base(views[1]) {
 		t.Errorf("views removed at start: %q, want %q", got, filepath.Base(views[1]))
 	}
 	for _, dir := range leftovers {
@@ -95,17 +95,17 @@ func TestStartupReconciliation(t *testing.T) {
 	}
 	after := listTree(t, root)
 	for _, p := range live {
-		if !slices.Contains(after, p) && !strings.HasPrefix(p, viewsDir+"/") {
+		if !slices.Contains(after, p) && !strings.HasPrefix(p, mappedDir+"/") {
 			t.Errorf("start removed live path %s", p)
 		}
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
+	if got := mappedMounts(t, sn); len(got) != 0 {
 		t.Errorf("start mounted views eagerly: %v", got)
 	}
 	if _, err := sn.Mounts(ctx, "live"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 {
+	if got := mappedMounts(t, sn); len(got) != 1 {
 		t.Errorf("Mounts did not make the view of a live snapshot again: %v", got)
 	}
 }

@@ -15,7 +15,7 @@ var version = "dev"
 func main() {
 	app := &cli.App{
 		Name:    "grouped-snapshotter",
-		Usage:   "containerd snapshotter keeping every layer under one parent: one mount per container, one idmapped view per user namespace",
+		Usage:   "containerd snapshotter keeping every layer under one parent: one mount per container, one mapped parent per user namespace",
 		Version: version,
 		Flags:   serveFlags(),
 		Action:  serve,
@@ -24,7 +24,7 @@ func main() {
 			checkCommand(),
 			lsCommand(),
 			usageCommand(),
-			viewsCommand(),
+			mappedParentsCommand(),
 			gcCommand(),
 			purgeCommand(),
 			configCommand(),

@@ -15,11 +15,11 @@ import (
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
 // last step: containerd no longer knows the snapshots, so nothing else
-// would ever remove them or unmount the idmapped views.
+// would ever remove them or unmount the mapped parents.
 func purgeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "purge",
-		Usage: "unmount the views of a STOPPED daemon and delete its root (every snapshot)",
+		Usage: "unmount the mapped parents of a STOPPED daemon and delete its root (every snapshot)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "configuration file naming root and address (default " + defaultConfigPath + " if it exists)"},
 			&cli.StringFlag{Name: "root", Usage: "the root to delete (overrides the config file)"},
@@ -75,7 +75,7 @@ func purgeRoot(root string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("purge %q: list mounts: %w", root, err)
 	}
-	// Deepest first: the views under v/ before v/ itself.
+	// Deepest first: the mapped parents under v/ before v/ itself.
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
 	for _, m := range mounts {
 		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {

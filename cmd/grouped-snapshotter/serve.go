@@ -80,8 +80,10 @@ type daemonAdmin struct {
 func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
 }
-func (a daemonAdmin) Views(ctx context.Context) ([]snapshot.ViewInfo, error) { return a.sn.Views(ctx) }
-func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error)          { return a.sn.Orphans(ctx) }
+func (a daemonAdmin) MappedParents(ctx context.Context) ([]snapshot.MappedParentInfo, error) {
+	return a.sn.MappedParents(ctx)
+}
+func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
 	return a.sn.RemoveOrphans(ctx)
 }
@@ -129,7 +131,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cmp, err := differ.New(sn.LayersDir(), sn.ViewsDir(), cfg.ContainerdAddress)
+	cmp, err := differ.New(sn.LayersDir(), sn.MappedParentsDir(), cfg.ContainerdAddress)
 	if err != nil {
 		return err
 	}

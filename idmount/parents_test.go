@@ -28,9 +28,9 @@ func mapping(t *testing.T, uid, gid string) *idmap.Mapping {
 	return m
 }
 
-// newTestViews makes <tmp>/root/{l,v} with a layer holding files owned by
+// newTestParents makes <tmp>/root/{l,v} with a layer holding files owned by
 // 0:0 and 1000:1000, and unmounts everything at the end.
-func newTestViews(t *testing.T) (*Views, string) {
+func newTestParents(t *testing.T) (*Parents, string) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
 	layers := filepath.Join(root, "l")
@@ -46,7 +46,7 @@ func newTestViews(t *testing.T) (*Views, string) {
 			t.Fatal(err)
 		}
 	}
-	v, err := NewViews(layers, filepath.Join(root, "v"), 1)
+	v, err := NewParents(layers, filepath.Join(root, "v"), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +69,8 @@ func owner(t *testing.T, path string) (uint32, uint32) {
 	return sys.Uid, sys.Gid
 }
 
-func TestViewShowsMappedOwnersReadOnly(t *testing.T) {
-	v, _ := newTestViews(t)
+func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
+	v, _ := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:200000:65536")
 	if err := v.Ensure("0", m); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestViewShowsMappedOwnersReadOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&viewAttrs != viewAttrs {
+	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&mappedAttrs != mappedAttrs {
 		t.Errorf("statmount: %+v", st)
 	}
 	// A layer created after the view is visible through it.
@@ -102,7 +102,7 @@ func TestViewShowsMappedOwnersReadOnly(t *testing.T) {
 }
 
 func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
-	v, root := newTestViews(t)
+	v, root := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:100000:65536")
 	start := v.Syscalls()
 	if err := v.Ensure("0", m); err != nil {
@@ -123,9 +123,9 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	if v.Syscalls() != before {
 		t.Errorf("Ensure of an existing view made %d mount syscalls", v.Syscalls()-before)
 	}
-	// A new Views on the same dirs (a daemon restart) recognises the view
+	// A new Parents on the same dirs (a daemon restart) recognises the view
 	// through statmount instead of stacking a second one.
-	v2, err := NewViews(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
+	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,16 +161,16 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	}
 }
 
-func TestViewsDirMustBeOutsideLayers(t *testing.T) {
+func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
-	if _, err := NewViews(root, filepath.Join(root, "v"), 0); err == nil {
-		t.Fatal("NewViews accepted a views directory inside the layer parent")
+	if _, err := NewParents(root, filepath.Join(root, "v"), 0); err == nil {
+		t.Fatal("NewParents accepted a views directory inside the layer parent")
 	}
 }
 
-func TestViewsDirIsPrivate(t *testing.T) {
-	v, _ := newTestViews(t)
+func TestParentsDirIsPrivate(t *testing.T) {
+	v, _ := newTestParents(t)
 	f, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)

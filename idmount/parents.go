@@ -16,27 +16,27 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
-// viewAttrs are the attributes of every view: idmapped, and read-only,
+// mappedAttrs are the attributes of every mapped parent: idmapped, and read-only,
 // nosuid, nodev, noexec for anyone on the host who reaches it. The
 // container's overlay has its own flags, so they do not affect it.
-const viewAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
+const mappedAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
 
-// Views keeps one read-only idmapped view of the layer parent per mapping,
+// Parents keeps one mapped parent per mapping: a read-only idmapped mount of the layer parent,
 // each mounted at <dir>/<name>. Callers choose the names and count the users;
-// Views makes sure that what is mounted at a name is exactly the view of the
+// Parents makes sure that what is mounted at a name is exactly the mapped parent of the
 // mapping asked for, and never stacks two mounts at one name.
-type Views struct {
+type Parents struct {
 	layers string
 	dir    string
 
-	locks   keyedmutex.Mutexes // one per view name
+	locks   keyedmutex.Mutexes // one per mapped-parent name
 	mu      sync.Mutex
-	mounted map[string]string // name -> mapping.String() of a verified view
+	mounted map[string]string // name -> mapping.String() of a verified mapped parent
 
-	// Syscalls counts the mount-family syscalls Views made.
+	// Syscalls counts the mount-family syscalls Parents made.
 	syscalls SyscallCounter
 
-	// userns makes the user-namespace descriptors of new views.
+	// userns makes the user-namespace descriptors of new mapped parents.
 	userns *userns.Pool
 }
 
@@ -59,68 +59,68 @@ func (c *SyscallCounter) Load() uint64 {
 	return c.n
 }
 
-// NewViews prepares dir to hold views of layers: dir becomes its own bind
-// mount with private propagation, so views never propagate into other mount
+// NewParents prepares dir to hold the mapped parents of layers: dir becomes its own bind
+// mount with private propagation, so mapped parents never propagate into other mount
 // namespaces. dir must not be inside layers. spares is the number of
 // processes kept in fresh user namespaces for the next new mappings (see
 // package userns); Close ends them.
-func NewViews(layers, dir string, spares int) (*Views, error) {
+func NewParents(layers, dir string, spares int) (*Parents, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
-		return nil, fmt.Errorf("views directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
+		return nil, fmt.Errorf("mapped-parents directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create views directory %q: %w", dir, err)
+		return nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
 	}
-	v := &Views{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
+	v := &Parents{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
 	isMount, err := IsMountPoint(dir)
 	if err != nil {
 		return nil, err
 	}
 	if !isMount {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return nil, fmt.Errorf("bind mount views directory %q onto itself: %w", dir, err)
+			return nil, fmt.Errorf("bind mount mapped-parents directory %q onto itself: %w", dir, err)
 		}
 		v.syscalls.add(1)
 	}
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return nil, fmt.Errorf("make views directory %q private: %w", dir, err)
+		return nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
 	}
 	v.syscalls.add(1)
 	return v, nil
 }
 
-// Close ends the spare user-namespace processes. The views stay mounted.
-func (v *Views) Close() error { return v.userns.Close() }
+// Close ends the spare user-namespace processes. The mapped parents stay mounted.
+func (v *Parents) Close() error { return v.userns.Close() }
 
-// UsernsStats returns how new views got their user namespaces.
-func (v *Views) UsernsStats() userns.Stats { return v.userns.Stats() }
+// UsernsStats returns how new mapped parents got their user namespaces.
+func (v *Parents) UsernsStats() userns.Stats { return v.userns.Stats() }
 
-// Dir returns the views directory.
-func (v *Views) Dir() string { return v.dir }
+// Dir returns the mapped-parents directory.
+func (v *Parents) Dir() string { return v.dir }
 
-// Path returns where the view called name is mounted.
-func (v *Views) Path(name string) string { return filepath.Join(v.dir, name) }
+// Path returns where the mapped parent called name is mounted.
+func (v *Parents) Path(name string) string { return filepath.Join(v.dir, name) }
 
 // Syscalls returns the number of mount-family syscalls made so far.
-func (v *Views) Syscalls() uint64 { return v.syscalls.Load() }
+func (v *Parents) Syscalls() uint64 { return v.syscalls.Load() }
 
-// Lock takes the lock of view name and returns its unlock. Callers that
+// Lock takes the lock of mapped-parent name and returns its unlock. Callers that
 // check state elsewhere (a registry) before acting on the name hold it
 // across both, and use EnsureLocked and RemoveLocked.
-func (v *Views) Lock(name string) (unlock func()) { return v.locks.Lock(name) }
+func (v *Parents) Lock(name string) (unlock func()) { return v.locks.Lock(name) }
 
-// Ensure makes sure the view of mapping m is mounted at name: it reuses a
-// view already there (also one a previous run of the daemon made) when its
+// Ensure makes sure the mapped parent of mapping m is mounted at name: it reuses a
+// mapped parent already there (also one a previous run of the daemon made) when its
 // idmapping is m, replaces one that is not, and creates a missing one.
-func (v *Views) Ensure(name string, m *idmap.Mapping) error {
+func (v *Parents) Ensure(name string, m *idmap.Mapping) error {
 	unlock := v.Lock(name)
 	defer unlock()
 	return v.EnsureLocked(name, m)
 }
 
 // EnsureLocked is Ensure for a caller holding Lock(name).
-func (v *Views) EnsureLocked(name string, m *idmap.Mapping) error {
+func (v *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 	want := m.String()
 	v.mu.Lock()
 	have, known := v.mounted[name]
@@ -135,37 +135,37 @@ func (v *Views) EnsureLocked(name string, m *idmap.Mapping) error {
 	}
 	if isMount {
 		st, err := statMount(path)
-		if err == nil && st.UIDMap == m.UIDLabelValue() && st.GIDMap == m.GIDLabelValue() && st.Attr&viewAttrs == viewAttrs {
+		if err == nil && st.UIDMap == m.UIDLabelValue() && st.GIDMap == m.GIDLabelValue() && st.Attr&mappedAttrs == mappedAttrs {
 			v.remember(name, want)
 			return nil
 		}
-		// Not the view we need (or unverifiable): never serve it.
+		// Not the mapped parent we need (or unverifiable): never serve it.
 		if err := v.unmountLocked(name); err != nil {
 			return err
 		}
 	}
 	if err := v.create(path, m); err != nil {
-		return fmt.Errorf("create view %q of %s: %w", name, m, err)
+		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
 	v.remember(name, want)
 	return nil
 }
 
-func (v *Views) remember(name, mapping string) {
+func (v *Parents) remember(name, mapping string) {
 	v.mu.Lock()
 	v.mounted[name] = mapping
 	v.mu.Unlock()
 }
 
-func (v *Views) create(path string, m *idmap.Mapping) error {
+func (v *Parents) create(path string, m *idmap.Mapping) error {
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return err
 	}
 	return mountIDMapped(v.layers, path, m, v.userns, &v.syscalls)
 }
 
-// mountIDMapped mounts a read-only idmapped view of src with mapping m at
-// target (viewAttrs, private propagation), counting its syscalls in calls.
+// mountIDMapped mounts a read-only idmapped mount of src with mapping m at
+// target (mappedAttrs, private propagation), counting its syscalls in calls.
 // The clone is not recursive: nothing is mounted under the layer parent,
 // and a recursive idmap would fail if something were.
 func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, calls *SyscallCounter) error {
@@ -180,7 +180,7 @@ func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, call
 		return fmt.Errorf("open_tree %q: %w", src, err)
 	}
 	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: viewAttrs, Userns_fd: uint64(ns.Fd()), Propagation: unix.MS_PRIVATE}
+	attr := unix.MountAttr{Attr_set: mappedAttrs, Userns_fd: uint64(ns.Fd()), Propagation: unix.MS_PRIVATE}
 	calls.add(1)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP of %q: %w", src, err)
@@ -192,19 +192,19 @@ func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, call
 	return nil
 }
 
-// Remove unmounts the view called name, if mounted, and removes its
+// Remove unmounts the mapped parent called name, if mounted, and removes its
 // directory. Running containers keep working: their overlays hold their own
 // references to the layers.
-func (v *Views) Remove(name string) error {
+func (v *Parents) Remove(name string) error {
 	unlock := v.Lock(name)
 	defer unlock()
 	return v.unmountLocked(name)
 }
 
 // RemoveLocked is Remove for a caller holding Lock(name).
-func (v *Views) RemoveLocked(name string) error { return v.unmountLocked(name) }
+func (v *Parents) RemoveLocked(name string) error { return v.unmountLocked(name) }
 
-func (v *Views) unmountLocked(name string) error {
+func (v *Parents) unmountLocked(name string) error {
 	path := v.Path(name)
 	v.mu.Lock()
 	delete(v.mounted, name)
@@ -222,20 +222,20 @@ func (v *Views) unmountLocked(name string) error {
 		}
 		v.syscalls.add(1)
 		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("unmount view %q: %w", path, err)
+			return fmt.Errorf("unmount mapped parent %q: %w", path, err)
 		}
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove view directory %q: %w", path, err)
+		return fmt.Errorf("remove mapped parent directory %q: %w", path, err)
 	}
 	return nil
 }
 
-// Names lists the entries of the views directory.
-func (v *Views) Names() ([]string, error) {
+// Names lists the entries of the mapped-parents directory.
+func (v *Parents) Names() ([]string, error) {
 	entries, err := os.ReadDir(v.dir)
 	if err != nil {
-		return nil, fmt.Errorf("list views %q: %w", v.dir, err)
+		return nil, fmt.Errorf("list mapped parents %q: %w", v.dir, err)
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
@@ -305,10 +305,10 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// UnmountAll unmounts every view and the views directory's own bind mount,
+// UnmountAll unmounts every mapped parent and the mapped-parents directory's own bind mount,
 // for uninstalling and for tests. Containers already running keep working;
-// Views must not be used afterwards.
-func (v *Views) UnmountAll() error {
+// Parents must not be used afterwards.
+func (v *Parents) UnmountAll() error {
 	mps, err := MountsUnder(v.dir)
 	if err != nil {
 		return err

@@ -34,9 +34,9 @@ func lowerdirs(t *testing.T, m mount.Mount) []string {
 	return nil
 }
 
-func viewMounts(t *testing.T, sn *Snapshotter) []string {
+func mappedMounts(t *testing.T, sn *Snapshotter) []string {
 	t.Helper()
-	mps, err := idmount.MountsUnder(filepath.Join(sn.Root(), viewsDir))
+	mps, err := idmount.MountsUnder(filepath.Join(sn.Root(), mappedDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func fileOwner(t *testing.T, path string) uint32 {
 	return st.Sys().(*syscall.Stat_t).Uid
 }
 
-func TestViewModeSharesOneViewPerMapping(t *testing.T) {
+func TestMappedParentModeSharesOnePerMapping(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 3)
 	a1, err := sn.Prepare(ctx, "a1", top, remap("100000"))
@@ -81,7 +81,7 @@ func TestViewModeSharesOneViewPerMapping(t *testing.T) {
 	if filepath.Dir(lowerdirs(t, a2[0])[0]) != va || va == vb {
 		t.Errorf("same mapping should share a view and different ones not: %s %s", va, vb)
 	}
-	if got := viewMounts(t, sn); len(got) != 2 {
+	if got := mappedMounts(t, sn); len(got) != 2 {
 		t.Fatalf("views mounted: %v, want 2", got)
 	}
 
@@ -117,32 +117,32 @@ func TestViewModeSharesOneViewPerMapping(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := viewMounts(t, sn); len(got) != 2 {
+	if got := mappedMounts(t, sn); len(got) != 2 {
 		t.Errorf("views after removing two of three users of a mapping: %v", got)
 	}
 	if err := sn.Remove(ctx, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || got[0] != vb {
+	if got := mappedMounts(t, sn); len(got) != 1 || got[0] != vb {
 		t.Errorf("views after removing every user of a mapping: %v, want only %s", got, vb)
 	}
 	// Committing the last user of a mapping releases its view too.
 	if err := sn.Commit(ctx, "b1-committed", "b1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
+	if got := mappedMounts(t, sn); len(got) != 0 {
 		t.Errorf("views after committing the last user: %v", got)
 	}
 }
 
-func TestViewModeRestartAndLazyRecreate(t *testing.T) {
+func TestMappedParentModeRestartAndLazyRecreate(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
 	sn, err := New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
 	ctx := testContext()
 	top := commitChain(t, sn, ctx, 2)
 	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
@@ -152,7 +152,7 @@ func TestViewModeRestartAndLazyRecreate(t *testing.T) {
 	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
 		t.Fatal(err)
 	}
-	stale := viewMounts(t, sn)[1]
+	stale := mappedMounts(t, sn)[1]
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestViewModeRestartAndLazyRecreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn2.Close()
-	if got := viewMounts(t, sn); len(got) != 2 {
+	if got := mappedMounts(t, sn); len(got) != 2 {
 		t.Fatalf("shim mode must not touch views: %v", got)
 	}
 
@@ -174,33 +174,33 @@ func TestViewModeRestartAndLazyRecreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || got[0] == stale {
+	if got := mappedMounts(t, sn); len(got) != 1 || got[0] == stale {
 		t.Errorf("start did not remove the stale view %s: %v", stale, got)
 	}
-	before := sn.views.Syscalls()
+	before := sn.mapped.Syscalls()
 	if _, err := sn.Mounts(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
-	if n := sn.views.Syscalls() - before; n != 0 {
+	if n := sn.mapped.Syscalls() - before; n != 0 {
 		t.Errorf("Mounts after restart made %d mount syscalls; the existing view should be reused", n)
 	}
 	// Someone unmounts the view: Mounts makes it again.
-	view := viewMounts(t, sn)[0]
+	view := mappedMounts(t, sn)[0]
 	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
-	sn.views.Remove(filepath.Base(view)) // forget what it remembered, as after a restart
-	before = sn.views.Syscalls()
+	sn.mapped.Remove(filepath.Base(view)) // forget what it remembered, as after a restart
+	before = sn.mapped.Syscalls()
 	m, err := sn.Mounts(ctx, "c")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The counter that stayed still above counts: a view made again is
 	// open_tree, mount_setattr and move_mount.
-	if n := sn.views.Syscalls() - before; n != 3 {
+	if n := sn.mapped.Syscalls() - before; n != 3 {
 		t.Errorf("Mounts recreating the view made %d mount syscalls, want 3", n)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
+	if got := mappedMounts(t, sn); len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
 		t.Errorf("view not recreated lazily: %v", got)
 	}
 }
