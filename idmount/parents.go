@@ -1,14 +1,15 @@
 package idmount
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
@@ -33,30 +34,11 @@ type Parents struct {
 	mu      sync.Mutex
 	mounted map[string]string // name -> mapping.String() of a verified mapped parent
 
-	// Syscalls counts the mount-family syscalls Parents made.
-	syscalls SyscallCounter
+	// syscalls counts the mount-family syscalls Parents made.
+	syscalls atomic.Uint64
 
 	// userns makes the user-namespace descriptors of new mapped parents.
 	userns *userns.Pool
-}
-
-// SyscallCounter counts mount-family syscalls.
-type SyscallCounter struct {
-	mu sync.Mutex
-	n  uint64
-}
-
-func (c *SyscallCounter) add(n uint64) {
-	c.mu.Lock()
-	c.n += n
-	c.mu.Unlock()
-}
-
-// Load returns the count so far.
-func (c *SyscallCounter) Load() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n
 }
 
 // NewParents prepares dir to hold the mapped parents of layers: dir becomes its own bind
@@ -73,7 +55,7 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 		return nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
 	}
 	v := &Parents{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
-	isMount, err := IsMountPoint(dir)
+	isMount, err := mountinfo.Mounted(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -81,12 +63,12 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
 			return nil, fmt.Errorf("bind mount mapped-parents directory %q onto itself: %w", dir, err)
 		}
-		v.syscalls.add(1)
+		v.syscalls.Add(1)
 	}
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
 	}
-	v.syscalls.add(1)
+	v.syscalls.Add(1)
 	return v, nil
 }
 
@@ -129,7 +111,7 @@ func (v *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 		return nil
 	}
 	path := v.Path(name)
-	isMount, err := IsMountPoint(path)
+	isMount, err := mountinfo.Mounted(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -167,25 +149,28 @@ func (v *Parents) create(path string, m *idmap.Mapping) error {
 // mountIDMapped mounts a read-only idmapped mount of src with mapping m at
 // target (mappedAttrs, private propagation), counting its syscalls in calls.
 // The clone is not recursive: nothing is mounted under the layer parent,
-// and a recursive idmap would fail if something were.
-func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, calls *SyscallCounter) error {
+// and a recursive idmap would fail if something were. That is why this is
+// not containerd's core/mount.IDMapMountWithAttrs, which clones and
+// idmaps with AT_RECURSIVE; doing the three calls here also lets calls
+// count each syscall that was made, failed ones included.
+func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, calls *atomic.Uint64) error {
 	ns, err := pool.FD(m)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	calls.add(1)
+	calls.Add(1)
 	if err != nil {
 		return fmt.Errorf("open_tree %q: %w", src, err)
 	}
 	defer unix.Close(tree)
 	attr := unix.MountAttr{Attr_set: mappedAttrs, Userns_fd: uint64(ns.Fd()), Propagation: unix.MS_PRIVATE}
-	calls.add(1)
+	calls.Add(1)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP of %q: %w", src, err)
 	}
-	calls.add(1)
+	calls.Add(1)
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("move_mount to %q: %w", target, err)
 	}
@@ -210,7 +195,7 @@ func (v *Parents) unmountLocked(name string) error {
 	delete(v.mounted, name)
 	v.mu.Unlock()
 	for {
-		isMount, err := IsMountPoint(path)
+		isMount, err := mountinfo.Mounted(path)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
@@ -220,7 +205,7 @@ func (v *Parents) unmountLocked(name string) error {
 		if !isMount {
 			break
 		}
-		v.syscalls.add(1)
+		v.syscalls.Add(1)
 		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmount mapped parent %q: %w", path, err)
 		}
@@ -244,82 +229,22 @@ func (v *Parents) Names() ([]string, error) {
 	return names, nil
 }
 
-// IsMountPoint reports whether path is the root of a mount, by comparing
-// mount IDs of path and its parent: unlike a device comparison it also sees
-// bind mounts within one filesystem.
-func IsMountPoint(path string) (bool, error) {
-	var self, parent unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &self); err != nil {
-		return false, &os.PathError{Op: "statx", Path: path, Err: err}
-	}
-	if err := unix.Statx(unix.AT_FDCWD, filepath.Dir(path), 0, unix.STATX_MNT_ID, &parent); err != nil {
-		return false, &os.PathError{Op: "statx", Path: filepath.Dir(path), Err: err}
-	}
-	if self.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return self.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
-	}
-	return self.Mnt_id != parent.Mnt_id, nil
-}
-
-// MountsUnder lists the mount points at or below dir in this process's
-// mount namespace.
-func MountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dir = filepath.Clean(dir)
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	return out, sc.Err()
-}
-
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var c byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
-				b.WriteByte(c)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // UnmountAll unmounts every mapped parent and the mapped-parents directory's own bind mount,
 // for uninstalling and for tests. Containers already running keep working;
 // Parents must not be used afterwards.
 func (v *Parents) UnmountAll() error {
-	mps, err := MountsUnder(v.dir)
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(v.dir))
 	if err != nil {
-		return err
+		return fmt.Errorf("list mounts under %q: %w", v.dir, err)
 	}
 	var errs []error
 	// mountinfo lists parents before children: unmount in reverse.
-	for i := len(mps) - 1; i >= 0; i-- {
-		if err := unix.Unmount(mps[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %q: %w", mps[i], err))
+	for i := len(mounts) - 1; i >= 0; i-- {
+		mp := mounts[i].Mountpoint
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %q: %w", mp, err))
 		}
-		v.syscalls.add(1)
+		v.syscalls.Add(1)
 	}
 	v.mu.Lock()
 	v.mounted = map[string]string{}

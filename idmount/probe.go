@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -38,7 +39,7 @@ func ProbeIDMappedMount(dir string) (retErr error) {
 	if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
 		return err
 	}
-	if err := mountIDMapped(src, target, probeMapping, userns.NewPool(0), &SyscallCounter{}); err != nil {
+	if err := mountIDMapped(src, target, probeMapping, userns.NewPool(0), new(atomic.Uint64)); err != nil {
 		return err
 	}
 	defer func() {

@@ -11,10 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // Status is the outcome of one check.
@@ -71,7 +71,9 @@ func Run(ctx context.Context, o Options) []Result {
 		add("overlayfs", OK, "kernel has overlayfs")
 	}
 	if probeDir != "" {
-		if err := mountgroup.ProbeOverlay(probeDir); err != nil {
+		// containerd's own check for its overlayfs snapshotter: d_type,
+		// and an overlay with two lowerdirs mounted for real.
+		if err := overlayutils.Supported(probeDir); err != nil {
 			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)

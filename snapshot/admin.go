@@ -5,9 +5,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 )
 
 // MappedParentInfo describes one registered mapped parent.
@@ -57,7 +56,7 @@ func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, er
 	for i := range out {
 		if s.mapped != nil {
 			out[i].Path = s.mapped.Path(out[i].Name)
-			out[i].Mounted, _ = idmount.IsMountPoint(out[i].Path)
+			out[i].Mounted, _ = mountinfo.Mounted(out[i].Path)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

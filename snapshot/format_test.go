@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -156,9 +157,9 @@ func TestFormatMigratesFormat1(t *testing.T) {
 
 func isMountPoint(t *testing.T, path string) (bool, error) {
 	t.Helper()
-	entries, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Contains(string(entries), " "+path+" "), nil
+	return len(mounts) > 0, nil
 }

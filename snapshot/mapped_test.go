@@ -9,10 +9,10 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
@@ -36,11 +36,15 @@ func lowerdirs(t *testing.T, m mount.Mount) []string {
 
 func mappedMounts(t *testing.T, sn *Snapshotter) []string {
 	t.Helper()
-	mps, err := idmount.MountsUnder(filepath.Join(sn.Root(), mappedDir))
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(sn.Root(), mappedDir)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mps[1:] // the first is the views directory's own bind mount
+	var mps []string
+	for _, m := range mounts[1:] { // the first is the directory's own bind mount
+		mps = append(mps, m.Mountpoint)
+	}
+	return mps
 }
 
 func fileOwner(t *testing.T, path string) uint32 {

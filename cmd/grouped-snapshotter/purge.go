@@ -7,10 +7,9 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
@@ -71,9 +70,13 @@ func purgeRoot(root string) (bool, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return false, fmt.Errorf("purge %q: %s is in use (is grouped-snapshotter still running?): %w", root, meta, err)
 	}
-	mounts, err := idmount.MountsUnder(root)
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(root)))
 	if err != nil {
 		return false, fmt.Errorf("purge %q: list mounts: %w", root, err)
+	}
+	mounts := make([]string, len(infos))
+	for i, info := range infos {
+		mounts[i] = info.Mountpoint
 	}
 	// Deepest first: the mapped parents under v/ before v/ itself.
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
