@@ -5,7 +5,6 @@
 package metrics
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -18,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
-	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -101,10 +99,9 @@ func (m *Metrics) observeMounts(mounts []mount.Mount) {
 	}
 }
 
-// Serve serves /metrics on address until ctx ends: "host:port" for TCP or
-// "unix:///path" for a unix socket (mode 0600).
-func (m *Metrics) Serve(ctx context.Context, address string) error {
+// Handler serves /metrics; the daemon serves it on metrics_address.
+func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	return server.ServeHTTP(ctx, address, "metrics", mux)
+	return mux
 }

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,6 +121,12 @@ func TestMetrics(t *testing.T) {
 		if help := byName[old].GetHelp(); !strings.HasPrefix(help, "Deprecated: use grouped_snapshotter_mapped_parents") {
 			t.Errorf("%s help %q does not say it is deprecated and what replaces it", old, help)
 		}
+	}
+	// The handler the daemon serves renders the same registry as text.
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "grouped_snapshotter_mapped_parents 0") {
+		t.Errorf("GET /metrics: %d, body without grouped_snapshotter_mapped_parents:\n%.2000s", rec.Code, rec.Body.String())
 	}
 	if _, err := value("grouped_snapshotter_operation_errors_total", map[string]string{"operation": "prepare"}); err == nil {
 		t.Error("prepare has an error series, but no prepare failed")

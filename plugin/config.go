@@ -1,6 +1,7 @@
 // Package plugin holds grouped-snapshotter's configuration, shared by the
-// standalone daemon and the in-process containerd plugin, and registers the
-// snapshotter with containerd's plugin registry.
+// standalone daemon and the in-process containerd plugin. Importing it
+// registers nothing: the in-process registration is package
+// plugin/register, imported for its side effect.
 package plugin
 
 import (
@@ -10,11 +11,17 @@ import (
 	"os"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
+
+// Capabilities are what containerd must be told the snapshotter supports.
+// An in-process plugin reports them itself; for the proxy plugin they go in
+// containerd's config (proxy_plugins.grouped.capabilities).
+var Capabilities = []string{"remap-ids", snapshots.RebaseCap}
 
 const (
 	// Name is the snapshotter's name in containerd (proxy_plugins.<Name>).

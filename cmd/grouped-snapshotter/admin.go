@@ -14,7 +14,6 @@ import (
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
-	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // snapshotRow is one line of `ls`.
@@ -150,13 +149,13 @@ func mappedParentsCommand() *cli.Command {
 		Usage:   "list the mapped parents (idmapped mounts of the layer parent, one per UID/GID mapping): mapping, users, mount point",
 		Flags:   clientFlags(),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
-			var parents []snapshot.MappedParentInfo
+			var parents []server.MappedParent
 			if err := server.CallAdmin(c.Context, d.conn, "MappedParents", &parents); err != nil {
 				return fmt.Errorf("list mapped parents: %w", err)
 			}
 			if c.Bool("json") {
 				if parents == nil {
-					parents = []snapshot.MappedParentInfo{}
+					parents = []server.MappedParent{}
 				}
 				return printJSON(parents)
 			}
