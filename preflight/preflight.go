@@ -86,6 +86,17 @@ func Run(ctx context.Context, o Options) []Result {
 		default:
 			add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
 		}
+		// What containers need is the combination: an overlay whose lowers
+		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
+		// "shim" containerd's shim builds the same overlay).
+		switch err := idmount.ProbeIDMappedOverlay(probeDir); {
+		case err == nil:
+			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
+		case o.IDMap == "view":
+			add("overlay-idmapped-lowers", Fail, "idmap = \"view\" needs overlays over idmapped lowers on %s: %v", o.Root, err)
+		default:
+			add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
+		}
 	}
 	checkUserNamespaces(add)
 	if probeDir != "" {
