@@ -31,7 +31,7 @@ const (
 // the flags over it.
 func loadConfig(c *cli.Context) (plugin.Config, error) {
 	cfg := plugin.DefaultConfig()
-	path := c.String("config")
+	path := flagString(c, "config")
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
 			path = defaultConfigPath
@@ -43,17 +43,17 @@ func loadConfig(c *cli.Context) (plugin.Config, error) {
 			return cfg, err
 		}
 	}
-	if v := c.String("root"); v != "" {
+	if v := flagString(c, "root"); v != "" {
 		cfg.RootPath = v
 	}
-	if v := c.String("address"); v != "" {
+	if v := flagString(c, "address"); v != "" {
 		cfg.Address = v
 	}
-	if v := c.String("log-level"); v != "" {
+	if v := flagString(c, "log-level"); v != "" {
 		cfg.LogLevel = v
 	}
-	if c.IsSet("metrics-address") {
-		cfg.MetricsAddress = c.String("metrics-address")
+	if flagIsSet(c, "metrics-address") {
+		cfg.MetricsAddress = flagString(c, "metrics-address")
 	}
 	return cfg, cfg.Validate()
 }
@@ -109,7 +109,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := setupLogging(cfg.LogLevel, c.String("log-format")); err != nil {
+	if err := setupLogging(cfg.LogLevel, flagString(c, "log-format")); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -130,7 +130,7 @@ func serve(c *cli.Context) error {
 			return fmt.Errorf("serve metrics on %q: %w", cfg.MetricsAddress, err)
 		}
 	}
-	if addr := c.String("pprof-address"); addr != "" {
+	if addr := flagString(c, "pprof-address"); addr != "" {
 		if err := servePprof(ctx, addr); err != nil {
 			return err
 		}
