@@ -77,14 +77,14 @@ func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 100000 || g != 200000 {
-		t.Errorf("root-file through the view: %d:%d, want 100000:200000", u, g)
+		t.Errorf("root-file through the mapped parent: %d:%d, want 100000:200000", u, g)
 	}
 	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "user-file")); u != 101000 || g != 201000 {
-		t.Errorf("user-file through the view: %d:%d, want 101000:201000", u, g)
+		t.Errorf("user-file through the mapped parent: %d:%d, want 101000:201000", u, g)
 	}
 	err := os.WriteFile(filepath.Join(v.Path("0"), "1", "new"), nil, 0o644)
 	if !errors.Is(err, syscall.EROFS) {
-		t.Errorf("write through the view: %v, want EROFS", err)
+		t.Errorf("write through the mapped parent: %v, want EROFS", err)
 	}
 	st, err := statMount(v.Path("0"))
 	if err != nil {
@@ -93,12 +93,12 @@ func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
 	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&mappedAttrs != mappedAttrs {
 		t.Errorf("statmount: %+v", st)
 	}
-	// A layer created after the view is visible through it.
+	// A layer created after the mapped parent is visible through it.
 	if err := os.Mkdir(filepath.Join(v.layers, "2"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(v.Path("0"), "2")); err != nil {
-		t.Errorf("new layer not visible through the view: %v", err)
+		t.Errorf("new layer not visible through the mapped parent: %v", err)
 	}
 }
 
@@ -110,11 +110,11 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := v.Syscalls()
-	// The count is live: a new view is open_tree, mount_setattr and
+	// The count is live: a new mapped parent is open_tree, mount_setattr and
 	// move_mount (so "no new call" below is not a counter that never
 	// moves).
 	if n := before - start; n != 3 {
-		t.Errorf("Ensure of a new view made %d mount syscalls, want 3", n)
+		t.Errorf("Ensure of a new mapped parent made %d mount syscalls, want 3", n)
 	}
 	for i := 0; i < 3; i++ {
 		if err := v.Ensure("0", m); err != nil {
@@ -122,9 +122,9 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 		}
 	}
 	if v.Syscalls() != before {
-		t.Errorf("Ensure of an existing view made %d mount syscalls", v.Syscalls()-before)
+		t.Errorf("Ensure of an existing mapped parent made %d mount syscalls", v.Syscalls()-before)
 	}
-	// A new Parents on the same dirs (a daemon restart) recognises the view
+	// A new Parents on the same dirs (a daemon restart) recognises the mapped parent
 	// through statmount instead of stacking a second one.
 	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
 	if err != nil {
@@ -135,30 +135,30 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := v2.Syscalls() - base; n != 0 {
-		t.Errorf("restart: Ensure made %d mount syscalls for an existing view", n)
+		t.Errorf("restart: Ensure made %d mount syscalls for an existing mapped parent", n)
 	}
 	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
-		t.Errorf("mounts at the view: %v, want exactly one", mps)
+		t.Errorf("mounts at the mapped parent: %v, want exactly one", mps)
 	}
-	// A different mapping at the same name replaces the view, never stacks.
+	// A different mapping at the same name replaces the mapped parent, never stacks.
 	other := mapping(t, "0:300000:65536", "0:300000:65536")
 	if err := v2.Ensure("0", other); err != nil {
 		t.Fatal(err)
 	}
 	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
-		t.Errorf("mounts at the view after a mapping change: %v, want exactly one", mps)
+		t.Errorf("mounts at the mapped parent after a mapping change: %v, want exactly one", mps)
 	}
 	if u, _ := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 300000 {
-		t.Errorf("replaced view shows owner %d, want 300000", u)
+		t.Errorf("replaced mapped parent shows owner %d, want 300000", u)
 	}
 	if err := v2.Remove("0"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
-		t.Errorf("view directory left after Remove: %v", err)
+		t.Errorf("mapped parent directory left after Remove: %v", err)
 	}
 	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
-		t.Errorf("mounts under the views dir after Remove: %v, want only the dir's own bind", mps)
+		t.Errorf("mounts under the mapped-parents dir after Remove: %v, want only the dir's own bind", mps)
 	}
 }
 
@@ -166,7 +166,7 @@ func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
 	if _, err := NewParents(root, filepath.Join(root, "v"), 0); err == nil {
-		t.Fatal("NewParents accepted a views directory inside the layer parent")
+		t.Fatal("NewParents accepted a mapped-parents directory inside the layer parent")
 	}
 }
 

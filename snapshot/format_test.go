@@ -92,13 +92,13 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 		t.Error("refusing a newer root changed its metadata file")
 	}
 	if isMount, _ := isMountPoint(t, filepath.Join(root, mappedDir)); isMount {
-		t.Error("refusing a newer root mounted its views directory")
+		t.Error("refusing a newer root mounted its mapped-parents directory")
 	}
 }
 
 // TestFormatMigratesFormat1: a root written by a format 1 build (views
 // named by the smallest free number, no format key) is migrated at start:
-// the next view name is above every registered one, so a name is not
+// the next mapped-parent name is above every registered one, so a name is not
 // handed to a second mapping.
 func TestFormatMigratesFormat1(t *testing.T) {
 	requireRoot(t)
@@ -114,7 +114,7 @@ func TestFormatMigratesFormat1(t *testing.T) {
 			t.Fatal(i, err)
 		}
 	}
-	// Free view "1" as a format 1 build leaves it: registry gone, then
+	// Free mapped parent "1" as a format 1 build leaves it: registry gone, then
 	// turn the root into format 1.
 	if err := sn.Remove(ctx, "a200000"); err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ func TestFormatMigratesFormat1(t *testing.T) {
 	want := map[string]string{"0:100000:65536": "0", "0:300000:65536": "2", "0:400000:65536": "3"}
 	for m, n := range want {
 		if names[m] != n {
-			t.Errorf("view of %s is %q, want %q (all: %v)", m, names[m], n, names)
+			t.Errorf("mapped parent of %s is %q, want %q (all: %v)", m, names[m], n, names)
 		}
 	}
 	sn.Close()

@@ -17,7 +17,7 @@ import (
 )
 
 // These tests replay, through testHooks, interleavings of concurrent calls
-// in which one call acts on a name (a view's, a snapshot directory's) that
+// in which one call acts on a name (a mapped parent's, a snapshot directory's) that
 // another has meanwhile freed and a third reused.
 
 func resetHooks(t *testing.T) {
@@ -30,9 +30,9 @@ func resetHooks(t *testing.T) {
 }
 
 // TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads its
-// view's name; before it makes sure the view is mounted, the snapshot (its
+// mapped parent's name; before it makes sure the mapped parent is mounted, the snapshot (its
 // mapping's last user) is removed and a snapshot of another mapping is
-// prepared. The other mapping's view must keep its own mapping.
+// prepared. The other mapping's mapped parent must keep its own mapping.
 func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	resetHooks(t)
@@ -59,10 +59,10 @@ func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 	}
 	lowers := lowerdirs(t, b[0])
 	if got := fileOwner(t, filepath.Join(lowers[0], "f002")); got != 200000 {
-		t.Errorf("b (mapping 0:200000) reads its layers as uid %d, want 200000: its view was replaced by another mapping's", got)
+		t.Errorf("b (mapping 0:200000) reads its layers as uid %d, want 200000: its mapped parent was replaced by another mapping's", got)
 	}
 	if got := mappedMounts(t, sn); len(got) != 1 {
-		t.Errorf("views mounted: %v, want only b's", got)
+		t.Errorf("mapped parents mounted: %v, want only b's", got)
 	}
 }
 
@@ -151,7 +151,7 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 }
 
 // TestMountsNeverRegistersRemovedSnapshot: a snapshot made in shim mode is
-// registered with its view at its first Mounts in view mode; if it is
+// registered with its mapped parent at its first Mounts in mapped-parent mode; if it is
 // removed in between, nothing may be registered or mounted for it.
 func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 	requireRoot(t)
@@ -191,17 +191,17 @@ func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(views) != 0 {
-		t.Errorf("views registered for a removed snapshot: %+v", views)
+		t.Errorf("mapped parents registered for a removed snapshot: %+v", views)
 	}
 	if got := mappedMounts(t, sn); len(got) != 0 {
-		t.Errorf("views mounted for a removed snapshot: %v", got)
+		t.Errorf("mapped parents mounted for a removed snapshot: %v", got)
 	}
 }
 
 // TestConcurrentMappingsKeepTheirMappedParents runs creations, mounts and removals
 // of snapshots of a few mappings side by side (run it with -race): every
 // snapshot must read its layers through its own mapping, and when all are
-// removed no view is registered or mounted.
+// removed no mapped parent is registered or mounted.
 func TestConcurrentMappingsKeepTheirMappedParents(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)
@@ -252,15 +252,15 @@ func TestConcurrentMappingsKeepTheirMappedParents(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(views) != 0 {
-		t.Errorf("views registered after every snapshot was removed: %+v", views)
+		t.Errorf("mapped parents registered after every snapshot was removed: %+v", views)
 	}
 	if got := mappedMounts(t, sn); len(got) != 0 {
-		t.Errorf("views mounted after every snapshot was removed: %v", got)
+		t.Errorf("mapped parents mounted after every snapshot was removed: %v", got)
 	}
 }
 
 // TestConcurrentFirstUsesMakeOneMappedParent: containers of a new pod start side
-// by side; the first uses of their mapping make one view between them.
+// by side; the first uses of their mapping make one mapped parent between them.
 func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)
@@ -279,10 +279,10 @@ func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 		}
 	}
 	if got := mappedMounts(t, sn); len(got) != 1 {
-		t.Errorf("views mounted: %v, want one", got)
+		t.Errorf("mapped parents mounted: %v, want one", got)
 	}
 	// open_tree, mount_setattr, move_mount: once.
 	if calls := sn.MountSyscalls() - before; calls != 3 {
-		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one view", n, calls)
+		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one mapped parent", n, calls)
 	}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // TestStartupReconciliation leaves what a crash leaves (a half-made
-// temporary directory, upper and work directories without metadata, a view
-// whose last user is gone, a view of a live snapshot that was unmounted) and
+// temporary directory, upper and work directories without metadata, a mapped parent
+// whose last user is gone, a mapped parent of a live snapshot that was unmounted) and
 // checks that the next start removes exactly the leftovers, reports them,
 // and mounts nothing in advance.
 func TestStartupReconciliation(t *testing.T) {
@@ -36,13 +36,13 @@ func TestStartupReconciliation(t *testing.T) {
 	}
 	views := mappedMounts(t, sn)
 	if len(views) != 2 {
-		t.Fatalf("want 2 views, got %v", views)
+		t.Fatalf("want 2 mapped parents, got %v", views)
 	}
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
 	// "gone" leaves the registry (shim mode does not touch mounts): its
-	// view stays mounted with no user, as after a crash between the
+	// mapped parent stays mounted with no user, as after a crash between the
 	// metadata commit and the unmount.
 	shim, err := New(root, Config{IDMap: IDMapShim})
 	if err != nil {
@@ -56,7 +56,7 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	// The view of "live" was unmounted by someone: start must not remount it.
+	// The mapped parent of "live" was unmounted by someone: start must not remount it.
 	if err := unix.Unmount(views[0], unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestStartupReconciliation(t *testing.T) {
 	}
 	report := sn.Startup()
 	if got := strings.Join(report.MappedParentsRemoved, " "); got != filepath.Base(views[1]) {
-		t.Errorf("views removed at start: %q, want %q", got, filepath.Base(views[1]))
+		t.Errorf("mapped parents removed at start: %q, want %q", got, filepath.Base(views[1]))
 	}
 	for _, dir := range leftovers {
 		if !slices.Contains(report.OrphansRemoved, dir) {
@@ -100,12 +100,12 @@ func TestStartupReconciliation(t *testing.T) {
 		}
 	}
 	if got := mappedMounts(t, sn); len(got) != 0 {
-		t.Errorf("start mounted views eagerly: %v", got)
+		t.Errorf("start mounted mapped parents eagerly: %v", got)
 	}
 	if _, err := sn.Mounts(ctx, "live"); err != nil {
 		t.Fatal(err)
 	}
 	if got := mappedMounts(t, sn); len(got) != 1 {
-		t.Errorf("Mounts did not make the view of a live snapshot again: %v", got)
+		t.Errorf("Mounts did not make the mapped parent of a live snapshot again: %v", got)
 	}
 }

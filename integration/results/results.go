@@ -34,7 +34,7 @@ const (
 type MountSyscalls struct {
 	Rows []MountSyscallRow `json:"rows"`
 	// FirstStart is what the snapshotter did for the first start with a
-	// new mapping, by containerd release: its view made and, when that
+	// new mapping, by containerd release: its mapped parent made and, when that
 	// start's snapshot was removed, unmounted.
 	FirstStart map[string]map[string]int `json:"first_start"`
 }
