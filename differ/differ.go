@@ -1,20 +1,21 @@
-// Package differ is grouped-snapshotter's containerd diff plugin. It makes
-// the layer of a user-namespaced container's changes (`nerdctl commit`,
-// `ctr snapshots diff`, image builds) hold what the same changes give on
+// Package differ is grouped-snapshotter's containerd diff plugin. It makes the
+// layer of a user-namespaced container's changes (`nerdctl commit`, `ctr
+// snapshots diff`, image builds) hold what the same changes give on
 // containerd's overlayfs: only the container's changes.
 //
 // In idmap "view" mode a user-namespaced container's lower layers are
-// lowerdirs under a mapped parent (an idmapped mount of the layer parent), so the mount
-// carries the UID/GID mapping in its paths. containerd's walking differ
-// compares the container's mounts with the parent's unmapped mounts and
-// undoes a mapping only where it is a uidmap=/gidmap= option (it strips
-// those from its read-only mount of the container): through a mapped parent, every
+// lowerdirs under a mapped parent (an idmapped mount of the layer parent), so
+// the mount carries the UID/GID mapping in its paths. containerd's walking
+// differ compares the container's mounts with the parent's unmapped mounts and
+// undoes a mapping only where it is a uidmap=/gidmap= option (it strips those
+// from its read-only mount of the container): through a mapped parent, every
 // unchanged lower entry would look re-owned by the mapping and land in the
-// layer. Compare rewrites lowerdirs under the mapped-parents directory to the same
-// layers under the layer parent, then runs containerd's walking differ on
+// layer. Compare rewrites lowerdirs under the mapped-parents directory to the
+// same layers under the layer parent, then runs containerd's walking differ on
 // them, which is then exactly containerd's own computation for overlayfs.
-// Mounts that use no mapped parent are not this plugin's: Compare and Apply return
-// NotImplemented, and containerd's diff service goes on to its next differ.
+// Mounts that use no mapped parent are not this plugin's: Compare and Apply
+// return NotImplemented, and containerd's diff service goes on to its next
+// differ.
 package differ
 
 import (
@@ -57,10 +58,10 @@ type Comparer struct {
 	leases  leases.Manager
 }
 
-// New returns a Comparer for the snapshotter whose layer parent is layers
-// and whose mapped parents are mounted under mapped. It writes the layers it makes
-// into the content store of the containerd serving on containerdAddress;
-// the connection is made at the first diff, so containerd may start after.
+// New returns a Comparer for the snapshotter whose layer parent is layers and
+// whose mapped parents are mounted under mapped. It writes the layers it makes
+// into the content store of the containerd serving on containerdAddress; the
+// connection is made at the first diff, so containerd may start after.
 func New(layers, mapped, containerdAddress string) (*Comparer, error) {
 	for name, p := range map[string]string{"layer parent": layers, "mapped-parents directory": mapped, "containerd address": containerdAddress} {
 		if !filepath.IsAbs(p) {
@@ -113,8 +114,8 @@ func (c *Comparer) Compare(ctx context.Context, lower, upper []mount.Mount, opts
 }
 
 // Unmap returns mounts with every lowerdir and bind source under the
-// mapped-parents directory replaced by the same layer under the layer parent, and
-// whether it replaced any. It leaves mounts unchanged.
+// mapped-parents directory replaced by the same layer under the layer parent,
+// and whether it replaced any. It leaves mounts unchanged.
 func (c *Comparer) Unmap(mounts []mount.Mount) ([]mount.Mount, bool) {
 	out := make([]mount.Mount, len(mounts))
 	mapped := false

@@ -17,15 +17,16 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
-// mappedAttrs are the attributes of every mapped parent: idmapped, and read-only,
-// nosuid, nodev, noexec for anyone on the host who reaches it. The
+// mappedAttrs are the attributes of every mapped parent: idmapped, and
+// read-only, nosuid, nodev, noexec for anyone on the host who reaches it. The
 // container's overlay has its own flags, so they do not affect it.
 const mappedAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
 
-// Parents keeps one mapped parent per mapping: a read-only idmapped mount of the layer parent,
-// each mounted at <dir>/<name>. Callers choose the names and count the users;
-// Parents makes sure that what is mounted at a name is exactly the mapped parent of the
-// mapping asked for, and never stacks two mounts at one name.
+// Parents keeps one mapped parent per mapping: a read-only idmapped mount of
+// the layer parent, each mounted at <dir>/<name>. Callers choose the names and
+// count the users; Parents makes sure that what is mounted at a name is
+// exactly the mapped parent of the mapping asked for, and never stacks two
+// mounts at one name.
 type Parents struct {
 	layers string
 	dir    string
@@ -41,11 +42,11 @@ type Parents struct {
 	userns *userns.Pool
 }
 
-// NewParents prepares dir to hold the mapped parents of layers: dir becomes its own bind
-// mount with private propagation, so mapped parents never propagate into other mount
-// namespaces. dir must not be inside layers. spares is the number of
-// processes kept in fresh user namespaces for the next new mappings (see
-// package userns); Close ends them.
+// NewParents prepares dir to hold the mapped parents of layers: dir becomes
+// its own bind mount with private propagation, so mapped parents never
+// propagate into other mount namespaces. dir must not be inside layers. spares
+// is the number of processes kept in fresh user namespaces for the next new
+// mappings (see package userns); Close ends them.
 func NewParents(layers, dir string, spares int) (*Parents, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
@@ -72,7 +73,8 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 	return v, nil
 }
 
-// Close ends the spare user-namespace processes. The mapped parents stay mounted.
+// Close ends the spare user-namespace processes. The mapped parents stay
+// mounted.
 func (v *Parents) Close() error { return v.userns.Close() }
 
 // UsernsStats returns how new mapped parents got their user namespaces.
@@ -87,14 +89,15 @@ func (v *Parents) Path(name string) string { return filepath.Join(v.dir, name) }
 // Syscalls returns the number of mount-family syscalls made so far.
 func (v *Parents) Syscalls() uint64 { return v.syscalls.Load() }
 
-// Lock takes the lock of mapped-parent name and returns its unlock. Callers that
-// check state elsewhere (a registry) before acting on the name hold it
+// Lock takes the lock of mapped-parent name and returns its unlock. Callers
+// that check state elsewhere (a registry) before acting on the name hold it
 // across both, and use EnsureLocked and RemoveLocked.
 func (v *Parents) Lock(name string) (unlock func()) { return v.locks.Lock(name) }
 
-// Ensure makes sure the mapped parent of mapping m is mounted at name: it reuses a
-// mapped parent already there (also one a previous run of the daemon made) when its
-// idmapping is m, replaces one that is not, and creates a missing one.
+// Ensure makes sure the mapped parent of mapping m is mounted at name: it
+// reuses a mapped parent already there (also one a previous run of the daemon
+// made) when its idmapping is m, replaces one that is not, and creates a
+// missing one.
 func (v *Parents) Ensure(name string, m *idmap.Mapping) error {
 	unlock := v.Lock(name)
 	defer unlock()
@@ -229,9 +232,9 @@ func (v *Parents) Names() ([]string, error) {
 	return names, nil
 }
 
-// UnmountAll unmounts every mapped parent and the mapped-parents directory's own bind mount,
-// for uninstalling and for tests. Containers already running keep working;
-// Parents must not be used afterwards.
+// UnmountAll unmounts every mapped parent and the mapped-parents directory's
+// own bind mount, for uninstalling and for tests. Containers already running
+// keep working; Parents must not be used afterwards.
 func (v *Parents) UnmountAll() error {
 	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(v.dir))
 	if err != nil {

@@ -111,8 +111,7 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	}
 	before := v.Syscalls()
 	// The count is live: a new mapped parent is open_tree, mount_setattr and
-	// move_mount (so "no new call" below is not a counter that never
-	// moves).
+	// move_mount (so "no new call" below is not a counter that never moves).
 	if n := before - start; n != 3 {
 		t.Errorf("Ensure of a new mapped parent made %d mount syscalls, want 3", n)
 	}
@@ -124,8 +123,8 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	if v.Syscalls() != before {
 		t.Errorf("Ensure of an existing mapped parent made %d mount syscalls", v.Syscalls()-before)
 	}
-	// A new Parents on the same dirs (a daemon restart) recognises the mapped parent
-	// through statmount instead of stacking a second one.
+	// A new Parents on the same dirs (a daemon restart) recognises the mapped
+	// parent through statmount instead of stacking a second one.
 	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +139,8 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
 		t.Errorf("mounts at the mapped parent: %v, want exactly one", mps)
 	}
-	// A different mapping at the same name replaces the mapped parent, never stacks.
+	// A different mapping at the same name replaces the mapped parent, never
+	// stacks.
 	other := mapping(t, "0:300000:65536", "0:300000:65536")
 	if err := v2.Ensure("0", other); err != nil {
 		t.Fatal(err)

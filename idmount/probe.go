@@ -21,9 +21,9 @@ var probeMapping = &idmap.Mapping{
 
 // ProbeIDMappedMount makes a real read-only idmapped mount of a fresh
 // directory inside dir, checks that a root-owned file shows up as the mapped
-// root through it, and removes everything again. It answers whether mapped parents
-// can work on dir's filesystem, which depends on the filesystem, the kernel
-// and the mount namespace, not on a version number.
+// root through it, and removes everything again. It answers whether mapped
+// parents can work on dir's filesystem, which depends on the filesystem, the
+// kernel and the mount namespace, not on a version number.
 func ProbeIDMappedMount(dir string) (retErr error) {
 	td, err := os.MkdirTemp(dir, "probe-idmap-")
 	if err != nil {

@@ -19,9 +19,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(mountleak.Run(m)) }
 
-// TestMetrics drives an instrumented snapshotter and reads the registry:
-// calls and errors per operation, the layers of returned mounts, and the
-// state collector's snapshots by kind and mapped parents. The /metrics endpoint of
+// TestMetrics drives an instrumented snapshotter and reads the registry: calls
+// and errors per operation, the layers of returned mounts, and the state
+// collector's snapshots by kind and mapped parents. The /metrics endpoint of
 // the daemon is scraped by integration.TestOperations.
 func TestMetrics(t *testing.T) {
 	if os.Geteuid() != 0 {

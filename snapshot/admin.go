@@ -20,7 +20,8 @@ type MappedParentInfo struct {
 	Users int `json:"users"`
 	// Path is where the mapped parent is mounted when in use.
 	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now (mapped parents are made lazily).
+	// Mounted tells whether a mount is at Path now (mapped parents are made
+	// lazily).
 	Mounted bool `json:"mounted"`
 }
 
@@ -35,7 +36,8 @@ func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, er
 		return views.ForEachBucket(func(k []byte) error {
 			mb := views.Bucket(k)
 			info := MappedParentInfo{Name: string(mb.Get(keyName))}
-			// The registry key is the mapping's canonical "uid=... gid=..." form.
+			// The registry key is the mapping's canonical "uid=... gid=..."
+			// form.
 			for _, part := range strings.Fields(string(k)) {
 				if v, ok := strings.CutPrefix(part, "uid="); ok {
 					info.UIDMap = v

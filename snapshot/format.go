@@ -22,7 +22,7 @@ import (
 // A build refuses, without writing, a root of a newer format, and migrates
 // an older one in one transaction at start. Format 1 builds ignore both
 // keys and work on a format 2 root (their name reuse is their own risk);
-// this build raises next-mapped parent above every registered name at each start,
+// this build raises next-view above every registered name at each start,
 // so a root a format 1 build has used since is safe again.
 const formatVersion = 2
 

@@ -88,10 +88,10 @@ func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 // prepared a mapped parent for outside the transaction: the caller starts over.
 var errMappedChanged = errors.New("mapped-parent registry changed meanwhile")
 
-// useMappedParent records that snapshot id uses the mapped-parent name of m. name is the
-// mapping's registered mapped parent, or, when isNew, a name never handed out before
-// whose mapped parent the caller has mounted for m, which m gets if it still has no
-// mapped parent. Anything else is errMappedChanged.
+// useMappedParent records that snapshot id uses the mapped-parent name of m.
+// name is the mapping's registered mapped parent, or, when isNew, a name never
+// handed out before whose mapped parent the caller has mounted for m, which m
+// gets if it still has no mapped parent. Anything else is errMappedChanged.
 func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 	views, err := mappedBucket(tx, true)
 	if err != nil {
@@ -127,8 +127,8 @@ func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool)
 	return users.Put([]byte(id), nil)
 }
 
-// mappedParentOf returns the mapped-parent name of m and whether snapshot id is one of its
-// users; name is "" if m has no mapped parent.
+// mappedParentOf returns the mapped-parent name of m and whether snapshot id
+// is one of its users; name is "" if m has no mapped parent.
 func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool) {
 	views, _ := mappedBucket(tx, false)
 	if views == nil {
@@ -164,7 +164,7 @@ func nextMappedName(tx *bolt.Tx) uint64 {
 	return binary.BigEndian.Uint64(v)
 }
 
-// raiseNextMapped makes sure name is below the stored next-mapped parent bound.
+// raiseNextMapped makes sure name is below the stored next-view bound.
 func raiseNextMapped(tx *bolt.Tx, name string) error {
 	n, ok := parseMappedName(name)
 	if !ok {
@@ -182,8 +182,9 @@ func raiseNextMapped(tx *bolt.Tx, name string) error {
 	return g.Put(keyNextMapped, b[:])
 }
 
-// releaseMappedParents drops snapshot id from every mapped parent's users and returns the
-// names of mapped parents left without users, whose registry entries are deleted.
+// releaseMappedParents drops snapshot id from every mapped parent's users and
+// returns the names of mapped parents left without users, whose registry
+// entries are deleted.
 func releaseMappedParents(tx *bolt.Tx, id string) ([]string, error) {
 	return pruneMappedParents(tx, func(user string) bool { return user == id })
 }
@@ -237,7 +238,8 @@ func pruneMappedParents(tx *bolt.Tx, drop func(user string) bool) ([]string, err
 	return names, nil
 }
 
-// registeredMappedParents returns name -> mapping string of every registered mapped parent.
+// registeredMappedParents returns name -> mapping string of every registered
+// mapped parent.
 func registeredMappedParents(tx *bolt.Tx) map[string]string {
 	out := map[string]string{}
 	views, _ := mappedBucket(tx, false)
@@ -251,10 +253,10 @@ func registeredMappedParents(tx *bolt.Tx) map[string]string {
 	return out
 }
 
-// reconcileMappedParents runs at start: it drops registry users whose snapshot no
-// longer exists or is committed, and unmounts mapped parents no snapshot uses. It
-// returns the names of the mapped parents it unmounted. Mapped parents in use are left as they
-// are and verified when next needed.
+// reconcileMappedParents runs at start: it drops registry users whose snapshot
+// no longer exists or is committed, and unmounts mapped parents no snapshot
+// uses. It returns the names of the mapped parents it unmounted. Mapped
+// parents in use are left as they are and verified when next needed.
 func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, error) {
 	var registered map[string]string
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {

@@ -199,8 +199,8 @@ func TestMappedParentModeRestartAndLazyRecreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The counter that stayed still above counts: a mapped parent made again is
-	// open_tree, mount_setattr and move_mount.
+	// The counter that stayed still above counts: a mapped parent made again
+	// is open_tree, mount_setattr and move_mount.
 	if n := sn.mapped.Syscalls() - before; n != 3 {
 		t.Errorf("Mounts recreating the mapped parent made %d mount syscalls, want 3", n)
 	}
@@ -209,8 +209,8 @@ func TestMappedParentModeRestartAndLazyRecreate(t *testing.T) {
 	}
 }
 
-// TestMappedParentMode500Layers mounts a 500-layer remapped chain through a mapped parent
-// with containerd's mount code.
+// TestMappedParentMode500Layers mounts a 500-layer remapped chain through a
+// mapped parent with containerd's mount code.
 func TestMappedParentMode500Layers(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 500)

@@ -16,9 +16,9 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// These tests replay, through testHooks, interleavings of concurrent calls
-// in which one call acts on a name (a mapped parent's, a snapshot directory's) that
-// another has meanwhile freed and a third reused.
+// These tests replay, through testHooks, interleavings of concurrent calls in
+// which one call acts on a name (a mapped parent's, a snapshot directory's)
+// that another has meanwhile freed and a third reused.
 
 func resetHooks(t *testing.T) {
 	t.Cleanup(func() {
@@ -29,10 +29,11 @@ func resetHooks(t *testing.T) {
 	})
 }
 
-// TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads its
-// mapped parent's name; before it makes sure the mapped parent is mounted, the snapshot (its
-// mapping's last user) is removed and a snapshot of another mapping is
-// prepared. The other mapping's mapped parent must keep its own mapping.
+// TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads
+// its mapped parent's name; before it makes sure the mapped parent is mounted,
+// the snapshot (its mapping's last user) is removed and a snapshot of another
+// mapping is prepared. The other mapping's mapped parent must keep its own
+// mapping.
 func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	resetHooks(t)
@@ -151,8 +152,8 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 }
 
 // TestMountsNeverRegistersRemovedSnapshot: a snapshot made in shim mode is
-// registered with its mapped parent at its first Mounts in mapped-parent mode; if it is
-// removed in between, nothing may be registered or mounted for it.
+// registered with its mapped parent at its first Mounts in mapped-parent mode;
+// if it is removed in between, nothing may be registered or mounted for it.
 func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 	requireRoot(t)
 	resetHooks(t)
@@ -198,10 +199,10 @@ func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 	}
 }
 
-// TestConcurrentMappingsKeepTheirMappedParents runs creations, mounts and removals
-// of snapshots of a few mappings side by side (run it with -race): every
-// snapshot must read its layers through its own mapping, and when all are
-// removed no mapped parent is registered or mounted.
+// TestConcurrentMappingsKeepTheirMappedParents runs creations, mounts and
+// removals of snapshots of a few mappings side by side (run it with -race):
+// every snapshot must read its layers through its own mapping, and when all
+// are removed no mapped parent is registered or mounted.
 func TestConcurrentMappingsKeepTheirMappedParents(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)
@@ -259,8 +260,9 @@ func TestConcurrentMappingsKeepTheirMappedParents(t *testing.T) {
 	}
 }
 
-// TestConcurrentFirstUsesMakeOneMappedParent: containers of a new pod start side
-// by side; the first uses of their mapping make one mapped parent between them.
+// TestConcurrentFirstUsesMakeOneMappedParent: containers of a new pod start
+// side by side; the first uses of their mapping make one mapped parent between
+// them.
 func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)

@@ -10,11 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestStartupReconciliation leaves what a crash leaves (a half-made
-// temporary directory, upper and work directories without metadata, a mapped parent
-// whose last user is gone, a mapped parent of a live snapshot that was unmounted) and
-// checks that the next start removes exactly the leftovers, reports them,
-// and mounts nothing in advance.
+// TestStartupReconciliation leaves what a crash leaves (a half-made temporary
+// directory, upper and work directories without metadata, a mapped parent
+// whose last user is gone, a mapped parent of a live snapshot that was
+// unmounted) and checks that the next start removes exactly the leftovers,
+// reports them, and mounts nothing in advance.
 func TestStartupReconciliation(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -41,9 +41,9 @@ func TestStartupReconciliation(t *testing.T) {
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// "gone" leaves the registry (shim mode does not touch mounts): its
-	// mapped parent stays mounted with no user, as after a crash between the
-	// metadata commit and the unmount.
+	// "gone" leaves the registry (shim mode does not touch mounts): its mapped
+	// parent stays mounted with no user, as after a crash between the metadata
+	// commit and the unmount.
 	shim, err := New(root, Config{IDMap: IDMapShim})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,8 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	// The mapped parent of "live" was unmounted by someone: start must not remount it.
+	// The mapped parent of "live" was unmounted by someone: start must not
+	// remount it.
 	if err := unix.Unmount(views[0], unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}

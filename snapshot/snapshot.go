@@ -80,9 +80,9 @@ type Config struct {
 	IDMap IDMapMode
 	// MountOptions are added to every overlay mount's data.
 	MountOptions []string
-	// UsernsSpares is the number of processes mapped-parent mode keeps in fresh
-	// user namespaces, so that a new mapping's mapped parent costs no fork (see
-	// package userns); 0 forks at every new mapping.
+	// UsernsSpares is the number of processes mapped-parent mode keeps in
+	// fresh user namespaces, so that a new mapping's mapped parent costs no
+	// fork (see package userns); 0 forks at every new mapping.
 	UsernsSpares int
 }
 
@@ -94,8 +94,8 @@ type Snapshotter struct {
 	options []string
 	mapped  *idmount.Parents // nil in shim mode
 	startup StartupReport
-	// nextMapped is the next mapped-parent name (base 36) this process hands out;
-	// names are never handed out twice (see mapped.go).
+	// nextMapped is the next mapped-parent name (base 36) this process hands
+	// out; names are never handed out twice (see mapped.go).
 	nextMapped atomic.Uint64
 	// mappingLocks serialise the first uses of each mapping.
 	mappingLocks keyedmutex.Mutexes
@@ -208,8 +208,9 @@ func (s *Snapshotter) Root() string { return s.root }
 // LayersDir returns the shared parent directory of every layer.
 func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
 
-// MappedParentsDir returns the directory the mapped parents (idmapped mounts of LayersDir) are
-// mounted in: mapped parent <name> of LayersDir()/<layer> is MappedParentsDir()/<name>/<layer>.
+// MappedParentsDir returns the directory the mapped parents (idmapped mounts
+// of LayersDir) are mounted in: mapped parent <name> of LayersDir()/<layer> is
+// MappedParentsDir()/<name>/<layer>.
 func (s *Snapshotter) MappedParentsDir() string { return filepath.Join(s.root, mappedDir) }
 
 func hasOption(options []string, key string) bool {
@@ -372,8 +373,8 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	}
 }
 
-// maxMappedAttempts bounds how often a call starts over because the mapped parent
-// registry changed under it; each change is another call's progress.
+// maxMappedAttempts bounds how often a call starts over because the mapped
+// parent registry changed under it; each change is another call's progress.
 const maxMappedAttempts = 100
 
 func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount, error) {
@@ -406,8 +407,8 @@ func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount
 		testHooks.mountsBeforeMappedParent()
 	}
 	if s.needsMappedParent(snap, mapping) && !isUser {
-		// Made in shim mode, before the switch to mapped parents: register it now,
-		// if it still exists.
+		// Made in shim mode, before the switch to mapped parents: register it
+		// now, if it still exists.
 		mappedName, err = s.withMappedParent(ctx, mapping, func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error {
 			now, err := storage.GetSnapshot(ctx, key)
 			if err != nil {
@@ -438,13 +439,14 @@ func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount
 	return s.mounts(snap, mapping, mappedName)
 }
 
-// settleMappedParent makes what is mounted at mapped-parent name agree with the registry,
-// under the name's lock: the mapped parent of m is mounted (made if missing) when the
-// registry gives name to m, and nothing is mounted there otherwise. It
-// reports whether name is m's mapped parent. Reading the registry after taking the
-// lock orders this call against a removal's unmount (done under the lock
-// after its commit), so a mapped parent is never left mounted for a mapping that has
-// lost it, nor unmounted under a mapping that holds it.
+// settleMappedParent makes what is mounted at mapped-parent name agree with
+// the registry, under the name's lock: the mapped parent of m is mounted (made
+// if missing) when the registry gives name to m, and nothing is mounted there
+// otherwise. It reports whether name is m's mapped parent. Reading the
+// registry after taking the lock orders this call against a removal's unmount
+// (done under the lock after its commit), so a mapped parent is never left
+// mounted for a mapping that has lost it, nor unmounted under a mapping that
+// holds it.
 func (s *Snapshotter) settleMappedParent(ctx context.Context, name string, m *idmap.Mapping) (registered bool, err error) {
 	unlock := s.mapped.Lock(name)
 	defer unlock()
@@ -461,7 +463,8 @@ func (s *Snapshotter) settleMappedParent(ctx context.Context, name string, m *id
 	return false, s.mapped.RemoveLocked(name)
 }
 
-// dropMappedParent unmounts mapped-parent name once the registry no longer has it.
+// dropMappedParent unmounts mapped-parent name once the registry no longer has
+// it.
 func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	unlock := s.mapped.Lock(name)
 	defer unlock()
@@ -482,14 +485,15 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	}
 }
 
-// withMappedParent runs register in a write transaction with the name of m's mapped parent,
-// mounted: the registered one, or a new one made for it before the
-// transaction, so that no kernel work holds every other writer up. First
-// uses of one mapping are serialised by a lock per mapping, so they make
-// one mapped parent between them. isNew tells register that name is new, for m to
-// take if it still has no mapped parent. register returns errMappedChanged (wrapped or
-// not) when the registry changed since the name was chosen; withMappedParent then
-// starts over, and a mapped parent it made goes. It returns the name used.
+// withMappedParent runs register in a write transaction with the name of m's
+// mapped parent, mounted: the registered one, or a new one made for it before
+// the transaction, so that no kernel work holds every other writer up. First
+// uses of one mapping are serialised by a lock per mapping, so they make one
+// mapped parent between them. isNew tells register that name is new, for m to
+// take if it still has no mapped parent. register returns errMappedChanged
+// (wrapped or not) when the registry changed since the name was chosen;
+// withMappedParent then starts over, and a mapped parent it made goes. It
+// returns the name used.
 func (s *Snapshotter) withMappedParent(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
 	for attempt := 0; ; attempt++ {
 		name, err := s.mappedName(ctx, m)
@@ -524,7 +528,8 @@ func (s *Snapshotter) mappedName(ctx context.Context, m *idmap.Mapping) (name st
 func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
 	unlock := s.mappingLocks.Lock(m.String())
 	defer unlock()
-	// Another first use may have registered m's mapped parent while this one waited.
+	// Another first use may have registered m's mapped parent while this one
+	// waited.
 	if name, err := s.mappedName(ctx, m); err != nil || name != "" {
 		if err == nil {
 			err = errMappedChanged
@@ -567,7 +572,8 @@ func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Ma
 	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
-// dropMappedParentsAfter unmounts the mapped parents that a committed transaction freed.
+// dropMappedParentsAfter unmounts the mapped parents that a committed
+// transaction freed.
 func (s *Snapshotter) dropMappedParentsAfter(ctx context.Context, freed []string) {
 	if s.mapped == nil {
 		return
@@ -630,8 +636,9 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
 			return err
 		}
-		// A committed layer is never mounted through a mapped parent. Shim mode
-		// keeps the registry right too, for a later switch to mapped parents.
+		// A committed layer is never mounted through a mapped parent. Shim
+		// mode keeps the registry right too, for a later switch to mapped
+		// parents.
 		freed, err = releaseMappedParents(tx, id)
 		return err
 	})
@@ -716,8 +723,8 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 
 	var (
 		result []mount.Mount
-		// madeID and madeDirs are what the last build made, for a commit
-		// that fails after build succeeded.
+		// madeID and madeDirs are what the last build made, for a commit that
+		// fails after build succeeded.
 		madeID   string
 		madeDirs []string
 	)
@@ -771,7 +778,8 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return err
 	}
 	if s.mapped != nil && mapping != nil && parent != "" {
-		// The mapped parent is made, if new, before the transaction (see withMappedParent).
+		// The mapped parent is made, if new, before the transaction (see
+		// withMappedParent).
 		_, err = s.withMappedParent(ctx, mapping, build)
 	} else {
 		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
@@ -1049,9 +1057,9 @@ func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 	return orphans, nil
 }
 
-// UnmountMappedParents unmounts every mapped parent and the mapped-parents directory, for
-// uninstalling and tests. Call it after Close; running containers keep
-// working.
+// UnmountMappedParents unmounts every mapped parent and the mapped-parents
+// directory, for uninstalling and tests. Call it after Close; running
+// containers keep working.
 func (s *Snapshotter) UnmountMappedParents() error {
 	if s.mapped == nil {
 		return nil
