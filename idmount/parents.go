@@ -55,7 +55,7 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
 	}
-	v := &Parents{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
+	p := &Parents{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
 	isMount, err := mountinfo.Mounted(dir)
 	if err != nil {
 		return nil, err
@@ -64,56 +64,56 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
 			return nil, fmt.Errorf("bind mount mapped-parents directory %q onto itself: %w", dir, err)
 		}
-		v.syscalls.Add(1)
+		p.syscalls.Add(1)
 	}
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
 	}
-	v.syscalls.Add(1)
-	return v, nil
+	p.syscalls.Add(1)
+	return p, nil
 }
 
 // Close ends the spare user-namespace processes. The mapped parents stay
 // mounted.
-func (v *Parents) Close() error { return v.userns.Close() }
+func (p *Parents) Close() error { return p.userns.Close() }
 
 // UsernsStats returns how new mapped parents got their user namespaces.
-func (v *Parents) UsernsStats() userns.Stats { return v.userns.Stats() }
+func (p *Parents) UsernsStats() userns.Stats { return p.userns.Stats() }
 
 // Dir returns the mapped-parents directory.
-func (v *Parents) Dir() string { return v.dir }
+func (p *Parents) Dir() string { return p.dir }
 
 // Path returns where the mapped parent called name is mounted.
-func (v *Parents) Path(name string) string { return filepath.Join(v.dir, name) }
+func (p *Parents) Path(name string) string { return filepath.Join(p.dir, name) }
 
 // Syscalls returns the number of mount-family syscalls made so far.
-func (v *Parents) Syscalls() uint64 { return v.syscalls.Load() }
+func (p *Parents) Syscalls() uint64 { return p.syscalls.Load() }
 
 // Lock takes the lock of mapped-parent name and returns its unlock. Callers
 // that check state elsewhere (a registry) before acting on the name hold it
 // across both, and use EnsureLocked and RemoveLocked.
-func (v *Parents) Lock(name string) (unlock func()) { return v.locks.Lock(name) }
+func (p *Parents) Lock(name string) (unlock func()) { return p.locks.Lock(name) }
 
 // Ensure makes sure the mapped parent of mapping m is mounted at name: it
 // reuses a mapped parent already there (also one a previous run of the daemon
 // made) when its idmapping is m, replaces one that is not, and creates a
 // missing one.
-func (v *Parents) Ensure(name string, m *idmap.Mapping) error {
-	unlock := v.Lock(name)
+func (p *Parents) Ensure(name string, m *idmap.Mapping) error {
+	unlock := p.Lock(name)
 	defer unlock()
-	return v.EnsureLocked(name, m)
+	return p.EnsureLocked(name, m)
 }
 
 // EnsureLocked is Ensure for a caller holding Lock(name).
-func (v *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
+func (p *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 	want := m.String()
-	v.mu.Lock()
-	have, known := v.mounted[name]
-	v.mu.Unlock()
+	p.mu.Lock()
+	have, known := p.mounted[name]
+	p.mu.Unlock()
 	if known && have == want {
 		return nil
 	}
-	path := v.Path(name)
+	path := p.Path(name)
 	isMount, err := mountinfo.Mounted(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -121,32 +121,32 @@ func (v *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 	if isMount {
 		st, err := statMount(path)
 		if err == nil && st.UIDMap == m.UIDLabelValue() && st.GIDMap == m.GIDLabelValue() && st.Attr&mappedAttrs == mappedAttrs {
-			v.remember(name, want)
+			p.remember(name, want)
 			return nil
 		}
 		// Not the mapped parent we need (or unverifiable): never serve it.
-		if err := v.unmountLocked(name); err != nil {
+		if err := p.unmountLocked(name); err != nil {
 			return err
 		}
 	}
-	if err := v.create(path, m); err != nil {
+	if err := p.create(path, m); err != nil {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
-	v.remember(name, want)
+	p.remember(name, want)
 	return nil
 }
 
-func (v *Parents) remember(name, mapping string) {
-	v.mu.Lock()
-	v.mounted[name] = mapping
-	v.mu.Unlock()
+func (p *Parents) remember(name, mapping string) {
+	p.mu.Lock()
+	p.mounted[name] = mapping
+	p.mu.Unlock()
 }
 
-func (v *Parents) create(path string, m *idmap.Mapping) error {
+func (p *Parents) create(path string, m *idmap.Mapping) error {
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return err
 	}
-	return mountIDMapped(v.layers, path, m, v.userns, &v.syscalls)
+	return mountIDMapped(p.layers, path, m, p.userns, &p.syscalls)
 }
 
 // mountIDMapped mounts a read-only idmapped mount of src with mapping m at
@@ -183,20 +183,20 @@ func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, call
 // Remove unmounts the mapped parent called name, if mounted, and removes its
 // directory. Running containers keep working: their overlays hold their own
 // references to the layers.
-func (v *Parents) Remove(name string) error {
-	unlock := v.Lock(name)
+func (p *Parents) Remove(name string) error {
+	unlock := p.Lock(name)
 	defer unlock()
-	return v.unmountLocked(name)
+	return p.unmountLocked(name)
 }
 
 // RemoveLocked is Remove for a caller holding Lock(name).
-func (v *Parents) RemoveLocked(name string) error { return v.unmountLocked(name) }
+func (p *Parents) RemoveLocked(name string) error { return p.unmountLocked(name) }
 
-func (v *Parents) unmountLocked(name string) error {
-	path := v.Path(name)
-	v.mu.Lock()
-	delete(v.mounted, name)
-	v.mu.Unlock()
+func (p *Parents) unmountLocked(name string) error {
+	path := p.Path(name)
+	p.mu.Lock()
+	delete(p.mounted, name)
+	p.mu.Unlock()
 	for {
 		isMount, err := mountinfo.Mounted(path)
 		if errors.Is(err, os.ErrNotExist) {
@@ -208,7 +208,7 @@ func (v *Parents) unmountLocked(name string) error {
 		if !isMount {
 			break
 		}
-		v.syscalls.Add(1)
+		p.syscalls.Add(1)
 		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("unmount mapped parent %q: %w", path, err)
 		}
@@ -220,10 +220,10 @@ func (v *Parents) unmountLocked(name string) error {
 }
 
 // Names lists the entries of the mapped-parents directory.
-func (v *Parents) Names() ([]string, error) {
-	entries, err := os.ReadDir(v.dir)
+func (p *Parents) Names() ([]string, error) {
+	entries, err := os.ReadDir(p.dir)
 	if err != nil {
-		return nil, fmt.Errorf("list mapped parents %q: %w", v.dir, err)
+		return nil, fmt.Errorf("list mapped parents %q: %w", p.dir, err)
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
@@ -235,10 +235,10 @@ func (v *Parents) Names() ([]string, error) {
 // UnmountAll unmounts every mapped parent and the mapped-parents directory's
 // own bind mount, for uninstalling and for tests. Containers already running
 // keep working; Parents must not be used afterwards.
-func (v *Parents) UnmountAll() error {
-	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(v.dir))
+func (p *Parents) UnmountAll() error {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(p.dir))
 	if err != nil {
-		return fmt.Errorf("list mounts under %q: %w", v.dir, err)
+		return fmt.Errorf("list mounts under %q: %w", p.dir, err)
 	}
 	var errs []error
 	// mountinfo lists parents before children: unmount in reverse.
@@ -247,10 +247,10 @@ func (v *Parents) UnmountAll() error {
 		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 			errs = append(errs, fmt.Errorf("unmount %q: %w", mp, err))
 		}
-		v.syscalls.Add(1)
+		p.syscalls.Add(1)
 	}
-	v.mu.Lock()
-	v.mounted = map[string]string{}
-	v.mu.Unlock()
+	p.mu.Lock()
+	p.mounted = map[string]string{}
+	p.mu.Unlock()
 	return errors.Join(errs...)
 }
