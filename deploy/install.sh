@@ -18,7 +18,7 @@
 # --cri                 also make CRI (kubelet) pull and run with it
 # --no-start            only files: touch no service and no containerd
 # --purge               uninstall also removes the snapshotter's data (its
-#                       root, after unmounting its views) and its log
+#                       root, after unmounting its mapped parents) and its log
 # --export              uninstall first runs `grouped-snapshotter export`
 #                       for each of --export-namespaces, so that containerd's
 #                       overlayfs has every image unpacked (hard links, no
@@ -459,7 +459,7 @@ do_uninstall() {
 		echo "the data in $ROOT is purged once this pod is deleted"
 	else
 		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
-			# Refuses while a daemon serves the socket; unmounts the views.
+			# Refuses while a daemon serves the socket; unmounts the mapped parents.
 			host "$BIN" purge --root "$ROOT" --address "$SOCKET"
 		fi
 		remove_files

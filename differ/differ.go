@@ -1,20 +1,21 @@
-// Package differ is grouped-snapshotter's containerd diff plugin. It makes
-// the layer of a user-namespaced container's changes (`nerdctl commit`,
-// `ctr snapshots diff`, image builds) hold what the same changes give on
+// Package differ is grouped-snapshotter's containerd diff plugin. It makes the
+// layer of a user-namespaced container's changes (`nerdctl commit`, `ctr
+// snapshots diff`, image builds) hold what the same changes give on
 // containerd's overlayfs: only the container's changes.
 //
 // In idmap "view" mode a user-namespaced container's lower layers are
-// lowerdirs under an idmapped view of the layer parent, so the mount
-// carries the UID/GID mapping in its paths. containerd's walking differ
-// compares the container's mounts with the parent's unmapped mounts and
-// undoes a mapping only where it is a uidmap=/gidmap= option (it strips
-// those from its read-only mount of the container): through a view, every
+// lowerdirs under a mapped parent (an idmapped mount of the layer parent), so
+// the mount carries the UID/GID mapping in its paths. containerd's walking
+// differ compares the container's mounts with the parent's unmapped mounts and
+// undoes a mapping only where it is a uidmap=/gidmap= option (it strips those
+// from its read-only mount of the container): through a mapped parent, every
 // unchanged lower entry would look re-owned by the mapping and land in the
-// layer. Compare rewrites lowerdirs under the views directory to the same
-// layers under the layer parent, then runs containerd's walking differ on
+// layer. Compare rewrites lowerdirs under the mapped-parents directory to the
+// same layers under the layer parent, then runs containerd's walking differ on
 // them, which is then exactly containerd's own computation for overlayfs.
-// Mounts that use no view are not this plugin's: Compare and Apply return
-// NotImplemented, and containerd's diff service goes on to its next differ.
+// Mounts that use no mapped parent are not this plugin's: Compare and Apply
+// return NotImplemented, and containerd's diff service goes on to its next
+// differ.
 package differ
 
 import (
@@ -50,19 +51,19 @@ const leaseTTL = time.Hour
 // Comparer is a diff.Comparer for mounts of grouped's snapshots.
 type Comparer struct {
 	layers string // the layer parent: <root>/l
-	views  string // where the idmapped views of layers are mounted: <root>/v
+	mapped string // where the mapped parents (idmapped mounts of layers) are mounted: <root>/v
 
 	conn    *grpc.ClientConn
 	content content.Store
 	leases  leases.Manager
 }
 
-// New returns a Comparer for the snapshotter whose layer parent is layers
-// and whose views are mounted under views. It writes the layers it makes
-// into the content store of the containerd serving on containerdAddress;
-// the connection is made at the first diff, so containerd may start after.
-func New(layers, views, containerdAddress string) (*Comparer, error) {
-	for name, p := range map[string]string{"layer parent": layers, "views directory": views, "containerd address": containerdAddress} {
+// New returns a Comparer for the snapshotter whose layer parent is layers and
+// whose mapped parents are mounted under mapped. It writes the layers it makes
+// into the content store of the containerd serving on containerdAddress; the
+// connection is made at the first diff, so containerd may start after.
+func New(layers, mapped, containerdAddress string) (*Comparer, error) {
+	for name, p := range map[string]string{"layer parent": layers, "mapped-parents directory": mapped, "containerd address": containerdAddress} {
 		if !filepath.IsAbs(p) {
 			return nil, fmt.Errorf("differ: %s %q must be an absolute path: %w", name, p, errdefs.ErrInvalidArgument)
 		}
@@ -75,7 +76,7 @@ func New(layers, views, containerdAddress string) (*Comparer, error) {
 	}
 	return &Comparer{
 		layers:  filepath.Clean(layers),
-		views:   filepath.Clean(views),
+		mapped:  filepath.Clean(mapped),
 		conn:    conn,
 		content: contentproxy.NewContentStore(conn),
 		leases:  leasesproxy.NewLeaseManager(leasesapi.NewLeasesClient(conn)),
@@ -86,12 +87,12 @@ func New(layers, views, containerdAddress string) (*Comparer, error) {
 func (c *Comparer) Close() error { return c.conn.Close() }
 
 // Compare makes the layer of the changes from lower to upper when either
-// reads layers through a view, and returns NotImplemented otherwise.
+// reads layers through a mapped parent, and returns NotImplemented otherwise.
 func (c *Comparer) Compare(ctx context.Context, lower, upper []mount.Mount, opts ...diff.Opt) (ocispec.Descriptor, error) {
-	lower, lowerViewed := c.Unview(lower)
-	upper, upperViewed := c.Unview(upper)
-	if !lowerViewed && !upperViewed {
-		return ocispec.Descriptor{}, fmt.Errorf("mounts read no grouped view: %w", errdefs.ErrNotImplemented)
+	lower, lowerMapped := c.Unmap(lower)
+	upper, upperMapped := c.Unmap(upper)
+	if !lowerMapped && !upperMapped {
+		return ocispec.Descriptor{}, fmt.Errorf("mounts read no grouped mapped parent (idmapped layer parent): %w", errdefs.ErrNotImplemented)
 	}
 	ns, err := namespaces.NamespaceRequired(ctx)
 	if err != nil {
@@ -112,12 +113,12 @@ func (c *Comparer) Compare(ctx context.Context, lower, upper []mount.Mount, opts
 	return desc, nil
 }
 
-// Unview returns mounts with every lowerdir and bind source under the
-// views directory replaced by the same layer under the layer parent, and
-// whether it replaced any. It leaves mounts unchanged.
-func (c *Comparer) Unview(mounts []mount.Mount) ([]mount.Mount, bool) {
+// Unmap returns mounts with every lowerdir and bind source under the
+// mapped-parents directory replaced by the same layer under the layer parent,
+// and whether it replaced any. It leaves mounts unchanged.
+func (c *Comparer) Unmap(mounts []mount.Mount) ([]mount.Mount, bool) {
 	out := make([]mount.Mount, len(mounts))
-	viewed := false
+	mapped := false
 	for i, m := range mounts {
 		m.Options = append([]string(nil), m.Options...)
 		switch m.Type {
@@ -130,24 +131,24 @@ func (c *Comparer) Unview(mounts []mount.Mount) ([]mount.Mount, bool) {
 				lowers := strings.Split(dirs, ":")
 				for k, d := range lowers {
 					if p, ok := c.layerPath(d); ok {
-						lowers[k], viewed = p, true
+						lowers[k], mapped = p, true
 					}
 				}
 				m.Options[j] = "lowerdir=" + strings.Join(lowers, ":")
 			}
 		case "bind", "rbind":
 			if p, ok := c.layerPath(m.Source); ok {
-				m.Source, viewed = p, true
+				m.Source, mapped = p, true
 			}
 		}
 		out[i] = m
 	}
-	return out, viewed
+	return out, mapped
 }
 
-// layerPath maps <views>/<view>/<rest> to <layers>/<rest>.
+// layerPath maps <mapped>/<name>/<rest> to <layers>/<rest>.
 func (c *Comparer) layerPath(p string) (string, bool) {
-	rel, ok := strings.CutPrefix(filepath.Clean(p), c.views+"/")
+	rel, ok := strings.CutPrefix(filepath.Clean(p), c.mapped+"/")
 	if !ok {
 		return "", false
 	}

@@ -20,13 +20,13 @@ func newTestComparer(t *testing.T) *Comparer {
 	return c
 }
 
-func TestUnview(t *testing.T) {
+func TestUnmap(t *testing.T) {
 	c := newTestComparer(t)
 	for _, tc := range []struct {
 		name   string
 		in     []mount.Mount
 		want   []mount.Mount
-		viewed bool
+		mapped bool
 	}{
 		{
 			name: "container through a view",
@@ -34,13 +34,13 @@ func TestUnview(t *testing.T) {
 				"workdir=/g/w/7", "upperdir=/g/l/7", "lowerdir=/g/v/3/6:/g/v/3/5", "index=off"}}},
 			want: []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{
 				"workdir=/g/w/7", "upperdir=/g/l/7", "lowerdir=/g/l/6:/g/l/5", "index=off"}}},
-			viewed: true,
+			mapped: true,
 		},
 		{
 			name:   "read-only view of one layer",
 			in:     []mount.Mount{{Type: "bind", Source: "/g/v/12/5", Options: []string{"ro", "rbind"}}},
 			want:   []mount.Mount{{Type: "bind", Source: "/g/l/5", Options: []string{"ro", "rbind"}}},
-			viewed: true,
+			mapped: true,
 		},
 		{
 			name: "no view",
@@ -63,12 +63,12 @@ func TestUnview(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := clone(tc.in)
-			got, viewed := c.Unview(tc.in)
-			if viewed != tc.viewed || !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("Unview(%v) = %v, %v; want %v, %v", tc.in, got, viewed, tc.want, tc.viewed)
+			got, mapped := c.Unmap(tc.in)
+			if mapped != tc.mapped || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Unmap(%v) = %v, %v; want %v, %v", tc.in, got, mapped, tc.want, tc.mapped)
 			}
 			if !reflect.DeepEqual(tc.in, before) {
-				t.Errorf("Unview changed its input to %v", tc.in)
+				t.Errorf("Unmap changed its input to %v", tc.in)
 			}
 		})
 	}
@@ -95,7 +95,7 @@ func TestCompareLeavesOtherMountsToContainerd(t *testing.T) {
 	}
 }
 
-// A viewed diff needs the caller's namespace to write into containerd.
+// A mapped diff needs the caller's namespace to write into containerd.
 func TestCompareNeedsNamespace(t *testing.T) {
 	c := newTestComparer(t)
 	upper := []mount.Mount{{Type: "overlay", Source: "overlay", Options: []string{"upperdir=/g/l/7", "workdir=/g/w/7", "lowerdir=/g/v/1/5"}}}

@@ -85,11 +85,14 @@ func TestOperations(t *testing.T) {
 		if v := metricValue(body, `grouped_snapshotter_snapshots{kind="Committed"}`); v != 5 {
 			t.Errorf("committed snapshots = %v, want the image's 5 layers", v)
 		}
-		if v := metricValue(body, "grouped_snapshotter_views"); v != 1 {
-			t.Errorf("views = %v, want 1 for the running user-namespaced container", v)
+		// The release-1 name stays, deprecated, with the same value.
+		for _, name := range []string{"grouped_snapshotter_mapped_parents", "grouped_snapshotter_views"} {
+			if v := metricValue(body, name); v != 1 {
+				t.Errorf("%s = %v, want 1 for the running user-namespaced container", name, v)
+			}
 		}
 		if v := metricValue(body, "grouped_snapshotter_mount_syscalls_total"); v < 3 {
-			t.Errorf("mount_syscalls_total = %v, want at least the view's open_tree+mount_setattr+move_mount", v)
+			t.Errorf("mount_syscalls_total = %v, want at least the mapped parent's open_tree+mount_setattr+move_mount", v)
 		}
 	})
 
@@ -123,23 +126,26 @@ func TestOperations(t *testing.T) {
 		}
 	})
 
-	t.Run("views", func(t *testing.T) {
-		out, err := cli("views", "--json", "--address", gs.Address)
-		if err != nil {
-			t.Fatalf("views: %v\n%s", err, out)
-		}
-		var views []struct {
-			UIDMap, GIDMap, Path string
-			Users                int
-			Mounted              bool
-		}
-		if err := json.Unmarshal([]byte(out), &views); err != nil {
-			t.Fatal(err)
-		}
-		if len(views) != 1 || views[0].UIDMap != "0:100000:65536" || views[0].Users != 1 || !views[0].Mounted {
-			t.Errorf("views: %s", out)
-		}
-	})
+	// "views" is the release-1 name of "mapped-parents", kept as an alias.
+	for _, command := range []string{"mapped-parents", "views"} {
+		t.Run(command, func(t *testing.T) {
+			out, err := cli(command, "--json", "--address", gs.Address)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", command, err, out)
+			}
+			var parents []struct {
+				UIDMap, GIDMap, Path string
+				Users                int
+				Mounted              bool
+			}
+			if err := json.Unmarshal([]byte(out), &parents); err != nil {
+				t.Fatal(err)
+			}
+			if len(parents) != 1 || parents[0].UIDMap != "0:100000:65536" || parents[0].Users != 1 || !parents[0].Mounted {
+				t.Errorf("%s: %s", command, out)
+			}
+		})
+	}
 
 	t.Run("gc", func(t *testing.T) {
 		orphan := filepath.Join(gs.Root, "l", "zzzzzz")

@@ -1,11 +1,10 @@
 // Package metrics instruments a snapshotter with Prometheus metrics: call
 // counts, errors and latencies per operation, the shape of returned mounts,
-// snapshots by kind, disk usage, views and the mount syscalls the
-// snapshotter made itself.
+// snapshots by kind, disk usage, mapped parents (idmapped mounts of the
+// layer parent) and the mount syscalls the snapshotter made itself.
 package metrics
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -18,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
-	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -62,7 +60,7 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Name: "mount_syscalls_total",
-			Help: "Mount-family syscalls the snapshotter made itself (views; container mounts are the shim's).",
+			Help: "Mount-family syscalls the snapshotter made itself (mapped parents; container mounts are the shim's).",
 		}, func() float64 { return float64(sn.MountSyscalls()) }),
 		&stateCollector{sn: sn},
 	)
@@ -101,10 +99,9 @@ func (m *Metrics) observeMounts(mounts []mount.Mount) {
 	}
 }
 
-// Serve serves /metrics on address until ctx ends: "host:port" for TCP or
-// "unix:///path" for a unix socket (mode 0600).
-func (m *Metrics) Serve(ctx context.Context, address string) error {
+// Handler serves /metrics; the daemon serves it on metrics_address.
+func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
-	return server.ServeHTTP(ctx, address, "metrics", mux)
+	return mux
 }

@@ -3,8 +3,10 @@ package metrics
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -17,9 +19,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(mountleak.Run(m)) }
 
-// TestMetrics drives an instrumented snapshotter and reads the registry:
-// calls and errors per operation, the layers of returned mounts, and the
-// state collector's snapshots by kind and views. The /metrics endpoint of
+// TestMetrics drives an instrumented snapshotter and reads the registry: calls
+// and errors per operation, the layers of returned mounts, and the state
+// collector's snapshots by kind and mapped parents. The /metrics endpoint of
 // the daemon is scraped by integration.TestOperations.
 func TestMetrics(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -30,7 +32,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := errors.Join(sn.Close(), sn.UnmountViews()); err != nil {
+		if err := errors.Join(sn.Close(), sn.UnmountMappedParents()); err != nil {
 			t.Error(err)
 		}
 	})
@@ -101,15 +103,30 @@ func TestMetrics(t *testing.T) {
 		{"grouped_snapshotter_mount_lowerdir_bytes", nil, 1},
 		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindActive.String()}, 1},
 		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindCommitted.String()}, 1},
+		{"grouped_snapshotter_mapped_parents", nil, 0},
+		{"grouped_snapshotter_mapped_parents_mounted", nil, 0},
+		// The deprecated names of release 1 stay, with the same values.
 		{"grouped_snapshotter_views", nil, 0},
-		// The views directory's own private bind mount (bind, then
-		// MS_PRIVATE); no view.
+		{"grouped_snapshotter_views_mounted", nil, 0},
+		// The mapped-parents directory's own private bind mount (bind,
+		// then MS_PRIVATE); no mapped parent.
 		{"grouped_snapshotter_mount_syscalls_total", nil, 2},
 	} {
 		got, err := value(c.name, c.labels)
 		if err != nil || got != c.want {
 			t.Errorf("%s%v = %v (%v), want %v", c.name, c.labels, got, err, c.want)
 		}
+	}
+	for _, old := range []string{"grouped_snapshotter_views", "grouped_snapshotter_views_mounted"} {
+		if help := byName[old].GetHelp(); !strings.HasPrefix(help, "Deprecated: use grouped_snapshotter_mapped_parents") {
+			t.Errorf("%s help %q does not say it is deprecated and what replaces it", old, help)
+		}
+	}
+	// The handler the daemon serves renders the same registry as text.
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "grouped_snapshotter_mapped_parents 0") {
+		t.Errorf("GET /metrics: %d, body without grouped_snapshotter_mapped_parents:\n%.2000s", rec.Code, rec.Body.String())
 	}
 	if _, err := value("grouped_snapshotter_operation_errors_total", map[string]string{"operation": "prepare"}); err == nil {
 		t.Error("prepare has an error series, but no prepare failed")

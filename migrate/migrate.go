@@ -54,12 +54,11 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/platforms"
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 const (
@@ -437,14 +436,14 @@ func (r *run) sourcePaths(ctx context.Context, layers []layer) error {
 	if len(dirs) != len(layers) {
 		return fmt.Errorf("the view of %s in %s has %d layer directories, the image %d: %w", top, r.opts.From, len(dirs), len(layers), errdefs.ErrFailedPrecondition)
 	}
-	mps, err := mountgroup.MountsUnder(commonDir(dirs))
+	mps, err := mountinfo.GetMounts(mountinfo.PrefixFilter(commonDir(dirs)))
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
 	for i := range layers {
 		dir := dirs[len(dirs)-1-i]
-		for _, mp := range mps {
-			if mp == dir || strings.HasPrefix(mp, dir+"/") {
+		for _, m := range mps {
+			if mp := m.Mountpoint; mp == dir || strings.HasPrefix(mp, dir+"/") {
 				return fmt.Errorf("layer %d (%s) in %s: %s has a mount on it (%s); unmount it first: %w",
 					i+1, layers[i].chainID, r.opts.From, dir, mp, errdefs.ErrFailedPrecondition)
 			}

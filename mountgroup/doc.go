@@ -5,5 +5,7 @@
 // Every layer of grouped-snapshotter lives directly under one parent
 // directory with a short name, so a chain of up to 500 layers fits the one
 // page of mount data the kernel accepts once containerd's shim rewrites the
-// lowerdirs relative to their common parent.
+// lowerdirs relative to their common parent. The package builds mounts and
+// checks them; it mounts nothing itself. Idmapped mounts of the layer parent
+// are package idmount's.
 package mountgroup

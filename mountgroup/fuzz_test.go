@@ -28,7 +28,7 @@ func FuzzOverlayMount(f *testing.F) {
 		for i := range lowers {
 			lowers[n-1-i] = root + "/l/" + strconv.FormatUint(uint64(first)+uint64(i), 36)
 		}
-		o := Overlay{Lowers: lowers}
+		o := Overlay{Lowers: lowers, PageSize: 4096}
 		if withUpper {
 			o.Upper, o.Work = root+"/l/up", root+"/w/up"
 		}
@@ -45,7 +45,7 @@ func FuzzOverlayMount(f *testing.F) {
 			}
 			return
 		}
-		checkAccepted(t, m)
+		checkAccepted(t, m, o.PageSize)
 	})
 }
 
@@ -110,13 +110,13 @@ func FuzzShimMountData(f *testing.F) {
 }
 
 // checkAccepted asserts what Mount promises for a mount it returns.
-func checkAccepted(t *testing.T, m mount.Mount) {
+func checkAccepted(t *testing.T, m mount.Mount, pagesize int) {
 	t.Helper()
 	if n := LowerCount(m); n < 1 || n > MaxLowerDirs {
 		t.Fatalf("accepted an overlay of %d lowers", n)
 	}
-	data, _ := ShimMountData(m, 4096)
-	if len(data) > MaxMountData {
+	data, _ := ShimMountData(m, pagesize)
+	if len(data) > MaxMountData(pagesize) {
 		t.Fatalf("accepted an overlay whose mount data is %d bytes", len(data))
 	}
 }

@@ -13,10 +13,6 @@ import (
 const (
 	// MaxLowerDirs is overlayfs's limit of lower layers in one mount.
 	MaxLowerDirs = 500
-	// MaxMountData is the longest mount data the kernel keeps whole: it
-	// copies one page and cuts the last byte for the terminating NUL, so a
-	// longer string is silently truncated, not refused.
-	MaxMountData = 4095
 	// shimCompactMargin mirrors containerd's shim (core/mount): it rewrites
 	// lowerdirs relative to their common parent once the options reach
 	// pagesize minus this margin.
@@ -34,7 +30,18 @@ type Overlay struct {
 	// Flags are options the shim handles itself and never passes to the
 	// kernel as data, such as "uidmap=..." and "gidmap=...".
 	Flags []string
+	// PageSize is the page size the mount data must fit; 0 means this
+	// system's (os.Getpagesize()). Tests set it to check other systems'.
+	PageSize int
 }
+
+// MaxMountData returns the longest mount data the kernel keeps whole on a
+// system with pages of pagesize bytes: it copies one page and cuts the
+// last byte for the terminating NUL, so a longer string is silently
+// truncated, not refused. containerd's shim compacts lowerdirs against
+// the same page (see ShimMountData): 4095 bytes with 4 KiB pages, 65535
+// with the 64 KiB pages of some arm64 and ppc64 kernels.
+func MaxMountData(pagesize int) int { return pagesize - 1 }
 
 // Mount builds the overlay mount and checks it: at most MaxLowerDirs
 // lowers, no path the option syntax cannot carry, and mount data that fits a
@@ -65,7 +72,11 @@ func (o Overlay) Mount() (mount.Mount, error) {
 	options = append(options, "lowerdir="+strings.Join(o.Lowers, ":"))
 	options = append(options, o.Options...)
 	m := mount.Mount{Type: "overlay", Source: "overlay", Options: options}
-	if err := CheckMountData(m, os.Getpagesize()); err != nil {
+	pagesize := o.PageSize
+	if pagesize == 0 {
+		pagesize = os.Getpagesize()
+	}
+	if err := CheckMountData(m, pagesize); err != nil {
 		return mount.Mount{}, err
 	}
 	return m, nil
@@ -95,13 +106,14 @@ func checkPath(p string) error {
 	return nil
 }
 
-// CheckMountData fails if the data the shim will hand to mount(2) for m is
-// longer than MaxMountData, with an error naming the layer count and size.
+// CheckMountData fails if the data the shim will hand to mount(2) for m on
+// a system with pages of pagesize bytes is longer than
+// MaxMountData(pagesize), with an error naming the layer count and size.
 func CheckMountData(m mount.Mount, pagesize int) error {
 	data, _ := ShimMountData(m, pagesize)
-	if len(data) > MaxMountData {
-		return fmt.Errorf("overlay of %d layers needs %d bytes of mount data even with lowerdirs relative to their common parent; the kernel takes at most %d: %w",
-			LowerCount(m), len(data), MaxMountData, errdefs.ErrInvalidArgument)
+	if max := MaxMountData(pagesize); len(data) > max {
+		return fmt.Errorf("overlay of %d layers needs %d bytes of mount data even with lowerdirs relative to their common parent; the kernel takes at most %d with %d-byte pages: %w",
+			LowerCount(m), len(data), max, pagesize, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

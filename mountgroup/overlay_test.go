@@ -2,6 +2,7 @@ package mountgroup
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,7 +48,7 @@ func TestCapacity500(t *testing.T) {
 		lowers := chain("/var/lib/grouped-snapshotter", first, 500)
 		m, err := Overlay{
 			Lowers: lowers, Upper: "/var/lib/grouped-snapshotter/l/zzzzz", Work: "/var/lib/grouped-snapshotter/w/zzzzz",
-			Options: []string{"index=off"},
+			Options: []string{"index=off"}, PageSize: 4096,
 		}.Mount()
 		if err != nil {
 			t.Fatalf("500 layers from id %d: %v", first, err)
@@ -56,7 +57,7 @@ func TestCapacity500(t *testing.T) {
 		if chdir != "/var/lib/grouped-snapshotter/l/" {
 			t.Errorf("chdir %q", chdir)
 		}
-		if len(data) > MaxMountData {
+		if len(data) > MaxMountData(4096) {
 			t.Errorf("data %d bytes", len(data))
 		}
 		if strings.Contains(data, "lowerdir=/") {
@@ -90,11 +91,47 @@ func TestOverlayErrors(t *testing.T) {
 		}()}, "100 layers needs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.o.PageSize = 4096 // the same verdict on every system
 			_, err := tc.o.Mount()
 			if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want invalid argument containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMountDataFollowsPageSize checks that the limit is the page: mount
+// data that overflows 4 KiB pages fits 64 KiB ones, but not in 16 KiB, and
+// the error names the size the system allows.
+func TestMountDataFollowsPageSize(t *testing.T) {
+	long := "/" + strings.Repeat("d", 120)
+	var lowers []string
+	for i := 0; i < 200; i++ {
+		// Distinct directories: the shim's relative rewrite cannot help.
+		lowers = append(lowers, fmt.Sprintf("/%d%s/x", i, long))
+	}
+	for _, tc := range []struct {
+		pagesize int
+		ok       bool
+	}{{4096, false}, {16384, false}, {65536, true}} {
+		m, err := Overlay{Lowers: lowers, PageSize: tc.pagesize}.Mount()
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("page size %d: %v", tc.pagesize, err)
+		case tc.ok:
+			checkAccepted(t, m, tc.pagesize)
+		case !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), fmt.Sprintf("at most %d with %d-byte pages", tc.pagesize-1, tc.pagesize)):
+			t.Errorf("page size %d: got %v, want invalid argument naming %d bytes", tc.pagesize, err, tc.pagesize-1)
+		}
+	}
+	// 0 is this system's page size.
+	if MaxMountData(os.Getpagesize()) != os.Getpagesize()-1 {
+		t.Errorf("MaxMountData(%d) = %d", os.Getpagesize(), MaxMountData(os.Getpagesize()))
+	}
+	_, errSystem := Overlay{Lowers: lowers}.Mount()
+	_, errExplicit := Overlay{Lowers: lowers, PageSize: os.Getpagesize()}.Mount()
+	if (errSystem == nil) != (errExplicit == nil) {
+		t.Errorf("PageSize 0 (%v) and the system's page size (%v) disagree", errSystem, errExplicit)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package plugin holds grouped-snapshotter's configuration, shared by the
-// standalone daemon and the in-process containerd plugin, and registers the
-// snapshotter with containerd's plugin registry.
+// standalone daemon and the in-process containerd plugin. Importing it
+// registers nothing: the in-process registration is package
+// plugin/register, imported for its side effect.
 package plugin
 
 import (
@@ -10,11 +11,17 @@ import (
 	"os"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
+
+// Capabilities are what containerd must be told the snapshotter supports.
+// An in-process plugin reports them itself; for the proxy plugin they go in
+// containerd's config (proxy_plugins.grouped.capabilities).
+var Capabilities = []string{"remap-ids", snapshots.RebaseCap}
 
 const (
 	// Name is the snapshotter's name in containerd (proxy_plugins.<Name>).
@@ -68,7 +75,7 @@ func DefaultConfig() Config {
 		RootPath:          DefaultRoot,
 		Address:           DefaultAddress,
 		ContainerdAddress: DefaultContainerdAddress,
-		IDMap:             string(snapshot.IDMapView),
+		IDMap:             string(snapshot.IDMapMappedParent),
 		UsernsSpares:      DefaultUsernsSpares,
 		LogLevel:          "info",
 	}
@@ -122,9 +129,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapView, snapshot.IDMapShim:
+	case snapshot.IDMapMappedParent, snapshot.IDMapShim:
 	default:
-		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapView, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

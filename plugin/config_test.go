@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	cplugin "github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
 )
 
 func writeConfig(t *testing.T, content string) string {
@@ -70,5 +72,15 @@ func TestLoadConfigOverridesDefaults(t *testing.T) {
 	}
 	if cfg.RootPath != "/srv/gs" || cfg.Address != DefaultAddress || len(cfg.MountOptions) != 1 {
 		t.Errorf("got %+v", cfg)
+	}
+}
+
+// TestImportRegistersNothing checks that the configuration package has no
+// side effect on containerd's plugin registry (package plugin/register has).
+func TestImportRegistersNothing(t *testing.T) {
+	for _, r := range registry.Graph(func(*cplugin.Registration) bool { return false }) {
+		if r.ID == Name {
+			t.Errorf("importing package plugin registered %s %q", r.Type, r.ID)
+		}
 	}
 }

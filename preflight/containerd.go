@@ -172,7 +172,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		}
 	}
 	if !caps["remap-ids"] {
-		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a view`)
+		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a mapped parent`)
 	}
 	if caps["rebase"] {
 		problems = append(problems, `capabilities declare "rebase": containerd then unpacks layers in parallel without their parents, which loses whiteouts and parent directories' owners, and grouped-snapshotter refuses those commits, so such pulls fail; remove "rebase"`)

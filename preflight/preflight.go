@@ -11,9 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 )
 
 // Status is the outcome of one check.
@@ -70,18 +71,31 @@ func Run(ctx context.Context, o Options) []Result {
 		add("overlayfs", OK, "kernel has overlayfs")
 	}
 	if probeDir != "" {
-		if err := mountgroup.ProbeOverlay(probeDir); err != nil {
+		// containerd's own check for its overlayfs snapshotter: d_type,
+		// and an overlay with two lowerdirs mounted for real.
+		if err := overlayutils.Supported(probeDir); err != nil {
 			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		switch err := mountgroup.ProbeIDMappedMount(probeDir); {
+		switch err := idmount.ProbeIDMappedMount(probeDir); {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap == "view":
 			add("idmapped-mounts", Fail, "idmap = \"view\" needs idmapped mounts on %s: %v", o.Root, err)
 		default:
 			add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
+		}
+		// What containers need is the combination: an overlay whose lowers
+		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
+		// "shim" containerd's shim builds the same overlay).
+		switch err := idmount.ProbeIDMappedOverlay(probeDir); {
+		case err == nil:
+			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
+		case o.IDMap == "view":
+			add("overlay-idmapped-lowers", Fail, "idmap = \"view\" needs overlays over idmapped lowers on %s: %v", o.Root, err)
+		default:
+			add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
 		}
 	}
 	checkUserNamespaces(add)

@@ -41,7 +41,7 @@ func serveOnSocket(t testing.TB, root string) (snapshots.Snapshotter, func() err
 	return client, func() error {
 		conn.Close()
 		Shutdown(context.Background(), srv, 0)
-		return errors.Join(sn.Close(), sn.UnmountViews())
+		return errors.Join(sn.Close(), sn.UnmountMappedParents())
 	}
 }
 

@@ -5,38 +5,39 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
-// ViewInfo describes one registered idmapped view.
-type ViewInfo struct {
-	// Name is the view's directory name under v/.
+// MappedParentInfo describes one registered mapped parent.
+type MappedParentInfo struct {
+	// Name is the mapped parent's directory name under v/.
 	Name string `json:"name"`
 	// UIDMap and GIDMap are the mapping, in label form.
 	UIDMap string `json:"uidmap"`
 	GIDMap string `json:"gidmap"`
 	// Users is the number of active and view snapshots using it.
 	Users int `json:"users"`
-	// Path is where the view is mounted when in use.
+	// Path is where the mapped parent is mounted when in use.
 	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now (views are made lazily).
+	// Mounted tells whether a mount is at Path now (mapped parents are made
+	// lazily).
 	Mounted bool `json:"mounted"`
 }
 
-// Views lists the registered views with their users.
-func (s *Snapshotter) Views(ctx context.Context) ([]ViewInfo, error) {
-	var out []ViewInfo
+// Mapped parents lists the registered mapped parents with their users.
+func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, error) {
+	var out []MappedParentInfo
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		views, _ := viewsBucket(tx, false)
+		views, _ := mappedBucket(tx, false)
 		if views == nil {
 			return nil
 		}
 		return views.ForEachBucket(func(k []byte) error {
 			mb := views.Bucket(k)
-			info := ViewInfo{Name: string(mb.Get(keyName))}
-			// The registry key is the mapping's canonical "uid=... gid=..." form.
+			info := MappedParentInfo{Name: string(mb.Get(keyName))}
+			// The registry key is the mapping's canonical "uid=... gid=..."
+			// form.
 			for _, part := range strings.Fields(string(k)) {
 				if v, ok := strings.CutPrefix(part, "uid="); ok {
 					info.UIDMap = v
@@ -55,9 +56,9 @@ func (s *Snapshotter) Views(ctx context.Context) ([]ViewInfo, error) {
 		return nil, err
 	}
 	for i := range out {
-		if s.views != nil {
-			out[i].Path = s.views.Path(out[i].Name)
-			out[i].Mounted, _ = mountgroup.IsMountPoint(out[i].Path)
+		if s.mapped != nil {
+			out[i].Path = s.mapped.Path(out[i].Name)
+			out[i].Mounted, _ = mountinfo.Mounted(out[i].Path)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -65,12 +66,12 @@ func (s *Snapshotter) Views(ctx context.Context) ([]ViewInfo, error) {
 }
 
 // MountSyscalls returns the mount-family syscalls the snapshotter itself
-// has made since it started (views only: it mounts nothing else).
+// has made since it started (mapped parents only: it mounts nothing else).
 func (s *Snapshotter) MountSyscalls() uint64 {
-	if s.views == nil {
+	if s.mapped == nil {
 		return 0
 	}
-	return s.views.Syscalls()
+	return s.mapped.Syscalls()
 }
 
 // IDMapMode returns the configured idmap mode.

@@ -14,7 +14,7 @@ import (
 // formatVersion is the format of grouped-snapshotter's own keys in
 // metadata.db (containerd's MetaStore buckets keep their own version):
 //
-//	1  no format key; a new mapping's view took the smallest name no view
+//	1  no format key; a new mapping's mapped parent took the smallest name no mapped parent
 //	   had, so a name freed by one mapping went to the next one
 //	2  grouped.v1/format and grouped.v1/next-view: a view name is never
 //	   handed to another mapping
@@ -60,7 +60,7 @@ func checkFormat(tx *bolt.Tx, dbPath string) error {
 }
 
 // migrateFormat brings the metadata to formatVersion in one transaction
-// and returns the next view name this process may hand out.
+// and returns the next mapped-parent name this process may hand out.
 func (s *Snapshotter) migrateFormat(ctx context.Context) (next uint64, err error) {
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		from, err := storedFormat(tx)
@@ -70,9 +70,9 @@ func (s *Snapshotter) migrateFormat(ctx context.Context) (next uint64, err error
 		if from > formatVersion {
 			return fmt.Errorf("metadata has format %d, newer than this build's %d: %w", from, formatVersion, errdefs.ErrFailedPrecondition)
 		}
-		next = nextViewName(tx)
-		for name := range registeredViews(tx) {
-			if n, ok := parseViewName(name); ok && n >= next {
+		next = nextMappedName(tx)
+		for name := range registeredMappedParents(tx) {
+			if n, ok := parseMappedName(name); ok && n >= next {
 				next = n + 1
 			}
 		}
@@ -82,7 +82,7 @@ func (s *Snapshotter) migrateFormat(ctx context.Context) (next uint64, err error
 		}
 		var b [8]byte
 		binary.BigEndian.PutUint64(b[:], next)
-		if err := g.Put(keyNextView, b[:]); err != nil {
+		if err := g.Put(keyNextMapped, b[:]); err != nil {
 			return err
 		}
 		if from != formatVersion {

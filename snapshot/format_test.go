@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -32,7 +33,7 @@ func editDB(t *testing.T, root string, fn func(g *bolt.Bucket) error) {
 	}
 }
 
-func readFormat(t *testing.T, root string) (format string, nextView uint64) {
+func readFormat(t *testing.T, root string) (format string, nextMapped uint64) {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(root, dbFile), 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
@@ -42,13 +43,13 @@ func readFormat(t *testing.T, root string) (format string, nextView uint64) {
 	db.View(func(tx *bolt.Tx) error {
 		if g := tx.Bucket(bucketGrouped); g != nil {
 			format = string(g.Get(keyFormat))
-			if v := g.Get(keyNextView); len(v) == 8 {
-				nextView = binary.BigEndian.Uint64(v)
+			if v := g.Get(keyNextMapped); len(v) == 8 {
+				nextMapped = binary.BigEndian.Uint64(v)
 			}
 		}
 		return nil
 	})
-	return format, nextView
+	return format, nextMapped
 }
 
 func TestFormatNewRootIsCurrent(t *testing.T) {
@@ -59,7 +60,7 @@ func TestFormatNewRootIsCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	if f, _ := readFormat(t, root); f != "2" {
 		t.Fatalf("format of a new root: %q, want 2", f)
 	}
@@ -73,7 +74,7 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	editDB(t, root, func(g *bolt.Bucket) error { return g.Put(keyFormat, []byte("3")) })
 	before, err := os.ReadFile(filepath.Join(root, dbFile))
 	if err != nil {
@@ -90,14 +91,14 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 	if !bytes.Equal(before, after) {
 		t.Error("refusing a newer root changed its metadata file")
 	}
-	if isMount, _ := isMountPoint(t, filepath.Join(root, viewsDir)); isMount {
-		t.Error("refusing a newer root mounted its views directory")
+	if isMount, _ := isMountPoint(t, filepath.Join(root, mappedDir)); isMount {
+		t.Error("refusing a newer root mounted its mapped-parents directory")
 	}
 }
 
 // TestFormatMigratesFormat1: a root written by a format 1 build (views
 // named by the smallest free number, no format key) is migrated at start:
-// the next view name is above every registered one, so a name is not
+// the next mapped-parent name is above every registered one, so a name is not
 // handed to a second mapping.
 func TestFormatMigratesFormat1(t *testing.T) {
 	requireRoot(t)
@@ -113,28 +114,28 @@ func TestFormatMigratesFormat1(t *testing.T) {
 			t.Fatal(i, err)
 		}
 	}
-	// Free view "1" as a format 1 build leaves it: registry gone, then
+	// Free mapped parent "1" as a format 1 build leaves it: registry gone, then
 	// turn the root into format 1.
 	if err := sn.Remove(ctx, "a200000"); err != nil {
 		t.Fatal(err)
 	}
 	sn.Close()
-	sn.UnmountViews()
+	sn.UnmountMappedParents()
 	editDB(t, root, func(g *bolt.Bucket) error {
 		if err := g.Delete(keyFormat); err != nil {
 			return err
 		}
-		return g.Delete(keyNextView)
+		return g.Delete(keyNextMapped)
 	})
 	sn, err = New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
 	if _, err := sn.Prepare(ctx, "b", top, remap("400000")); err != nil {
 		t.Fatal(err)
 	}
-	views, err := sn.Views(ctx)
+	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func TestFormatMigratesFormat1(t *testing.T) {
 	want := map[string]string{"0:100000:65536": "0", "0:300000:65536": "2", "0:400000:65536": "3"}
 	for m, n := range want {
 		if names[m] != n {
-			t.Errorf("view of %s is %q, want %q (all: %v)", m, names[m], n, names)
+			t.Errorf("mapped parent of %s is %q, want %q (all: %v)", m, names[m], n, names)
 		}
 	}
 	sn.Close()
@@ -156,9 +157,9 @@ func TestFormatMigratesFormat1(t *testing.T) {
 
 func isMountPoint(t *testing.T, path string) (bool, error) {
 	t.Helper()
-	entries, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Contains(string(entries), " "+path+" "), nil
+	return len(mounts) > 0, nil
 }

@@ -20,7 +20,7 @@ import (
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
-	return newSnapshotterMode(t, IDMapView)
+	return newSnapshotterMode(t, IDMapMappedParent)
 }
 
 func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Context) {
@@ -32,7 +32,7 @@ func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Con
 	}
 	t.Cleanup(func() {
 		sn.Close()
-		if err := sn.UnmountViews(); err != nil {
+		if err := sn.UnmountMappedParents(); err != nil {
 			t.Error(err)
 		}
 	})
@@ -358,7 +358,7 @@ func TestReopenKeepsSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sn.UnmountViews()
+	defer sn.UnmountMappedParents()
 	defer sn.Close()
 	if _, err := sn.Prepare(ctx, "after-restart", top); err != nil {
 		t.Fatal(err)

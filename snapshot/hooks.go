@@ -4,9 +4,9 @@ package snapshot
 // tests replay the interleavings that matter deterministically. They are
 // nil outside tests.
 var testHooks struct {
-	// mountsBeforeView runs in Mounts after it has read the snapshot and
-	// its view name, before it touches the view.
-	mountsBeforeView func()
+	// mountsBeforeMappedParent runs in Mounts after it has read the snapshot and
+	// its mapped-parent name, before it touches the mapped parent.
+	mountsBeforeMappedParent func()
 	// createInTx runs inside create's write transaction after the
 	// snapshot's directories are made; an error fails the creation.
 	createInTx func() error

@@ -16,24 +16,25 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// These tests replay, through testHooks, interleavings of concurrent calls
-// in which one call acts on a name (a view's, a snapshot directory's) that
-// another has meanwhile freed and a third reused.
+// These tests replay, through testHooks, interleavings of concurrent calls in
+// which one call acts on a name (a mapped parent's, a snapshot directory's)
+// that another has meanwhile freed and a third reused.
 
 func resetHooks(t *testing.T) {
 	t.Cleanup(func() {
-		testHooks.mountsBeforeView = nil
+		testHooks.mountsBeforeMappedParent = nil
 		testHooks.createInTx = nil
 		testHooks.createFailed = nil
 		testHooks.orphansListed = nil
 	})
 }
 
-// TestMountsNeverServesAnotherMappingsView: Mounts of a snapshot reads its
-// view's name; before it makes sure the view is mounted, the snapshot (its
-// mapping's last user) is removed and a snapshot of another mapping is
-// prepared. The other mapping's view must keep its own mapping.
-func TestMountsNeverServesAnotherMappingsView(t *testing.T) {
+// TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads
+// its mapped parent's name; before it makes sure the mapped parent is mounted,
+// the snapshot (its mapping's last user) is removed and a snapshot of another
+// mapping is prepared. The other mapping's mapped parent must keep its own
+// mapping.
+func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	resetHooks(t)
 	top := commitChain(t, sn, ctx, 2)
@@ -41,8 +42,8 @@ func TestMountsNeverServesAnotherMappingsView(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b []mount.Mount
-	testHooks.mountsBeforeView = func() {
-		testHooks.mountsBeforeView = nil
+	testHooks.mountsBeforeMappedParent = func() {
+		testHooks.mountsBeforeMappedParent = nil
 		if err := sn.Remove(ctx, "a"); err != nil {
 			t.Error(err)
 		}
@@ -59,10 +60,10 @@ func TestMountsNeverServesAnotherMappingsView(t *testing.T) {
 	}
 	lowers := lowerdirs(t, b[0])
 	if got := fileOwner(t, filepath.Join(lowers[0], "f002")); got != 200000 {
-		t.Errorf("b (mapping 0:200000) reads its layers as uid %d, want 200000: its view was replaced by another mapping's", got)
+		t.Errorf("b (mapping 0:200000) reads its layers as uid %d, want 200000: its mapped parent was replaced by another mapping's", got)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 {
-		t.Errorf("views mounted: %v, want only b's", got)
+	if got := mappedMounts(t, sn); len(got) != 1 {
+		t.Errorf("mapped parents mounted: %v, want only b's", got)
 	}
 }
 
@@ -151,8 +152,8 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 }
 
 // TestMountsNeverRegistersRemovedSnapshot: a snapshot made in shim mode is
-// registered with its view at its first Mounts in view mode; if it is
-// removed in between, nothing may be registered or mounted for it.
+// registered with its mapped parent at its first Mounts in mapped-parent mode;
+// if it is removed in between, nothing may be registered or mounted for it.
 func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 	requireRoot(t)
 	resetHooks(t)
@@ -167,18 +168,18 @@ func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	sn, err := New(root, Config{IDMap: IDMapView})
+	sn, err := New(root, Config{IDMap: IDMapMappedParent})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		sn.Close()
-		if err := sn.UnmountViews(); err != nil {
+		if err := sn.UnmountMappedParents(); err != nil {
 			t.Error(err)
 		}
 	})
-	testHooks.mountsBeforeView = func() {
-		testHooks.mountsBeforeView = nil
+	testHooks.mountsBeforeMappedParent = func() {
+		testHooks.mountsBeforeMappedParent = nil
 		if err := sn.Remove(ctx, "a"); err != nil {
 			t.Error(err)
 		}
@@ -186,23 +187,23 @@ func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
 	if _, err := sn.Mounts(ctx, "a"); err != nil && !errdefs.IsNotFound(err) {
 		t.Errorf("mounts of a snapshot removed meanwhile: %v, want success or NotFound", err)
 	}
-	views, err := sn.Views(ctx)
+	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(views) != 0 {
-		t.Errorf("views registered for a removed snapshot: %+v", views)
+		t.Errorf("mapped parents registered for a removed snapshot: %+v", views)
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
-		t.Errorf("views mounted for a removed snapshot: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("mapped parents mounted for a removed snapshot: %v", got)
 	}
 }
 
-// TestConcurrentMappingsKeepTheirViews runs creations, mounts and removals
-// of snapshots of a few mappings side by side (run it with -race): every
-// snapshot must read its layers through its own mapping, and when all are
-// removed no view is registered or mounted.
-func TestConcurrentMappingsKeepTheirViews(t *testing.T) {
+// TestConcurrentMappingsKeepTheirMappedParents runs creations, mounts and
+// removals of snapshots of a few mappings side by side (run it with -race):
+// every snapshot must read its layers through its own mapping, and when all
+// are removed no mapped parent is registered or mounted.
+func TestConcurrentMappingsKeepTheirMappedParents(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)
 	hosts := []uint32{100000, 200000, 300000}
@@ -247,21 +248,22 @@ func TestConcurrentMappingsKeepTheirViews(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	views, err := sn.Views(ctx)
+	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(views) != 0 {
-		t.Errorf("views registered after every snapshot was removed: %+v", views)
+		t.Errorf("mapped parents registered after every snapshot was removed: %+v", views)
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
-		t.Errorf("views mounted after every snapshot was removed: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("mapped parents mounted after every snapshot was removed: %v", got)
 	}
 }
 
-// TestConcurrentFirstUsesMakeOneView: containers of a new pod start side
-// by side; the first uses of their mapping make one view between them.
-func TestConcurrentFirstUsesMakeOneView(t *testing.T) {
+// TestConcurrentFirstUsesMakeOneMappedParent: containers of a new pod start
+// side by side; the first uses of their mapping make one mapped parent between
+// them.
+func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 2)
 	before := sn.MountSyscalls()
@@ -278,11 +280,11 @@ func TestConcurrentFirstUsesMakeOneView(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := viewMounts(t, sn); len(got) != 1 {
-		t.Errorf("views mounted: %v, want one", got)
+	if got := mappedMounts(t, sn); len(got) != 1 {
+		t.Errorf("mapped parents mounted: %v, want one", got)
 	}
 	// open_tree, mount_setattr, move_mount: once.
 	if calls := sn.MountSyscalls() - before; calls != 3 {
-		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one view", n, calls)
+		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one mapped parent", n, calls)
 	}
 }

@@ -10,11 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestStartupReconciliation leaves what a crash leaves (a half-made
-// temporary directory, upper and work directories without metadata, a view
-// whose last user is gone, a view of a live snapshot that was unmounted) and
-// checks that the next start removes exactly the leftovers, reports them,
-// and mounts nothing in advance.
+// TestStartupReconciliation leaves what a crash leaves (a half-made temporary
+// directory, upper and work directories without metadata, a mapped parent
+// whose last user is gone, a mapped parent of a live snapshot that was
+// unmounted) and checks that the next start removes exactly the leftovers,
+// reports them, and mounts nothing in advance.
 func TestStartupReconciliation(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -22,8 +22,8 @@ func TestStartupReconciliation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
-	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.ViewsRemoved) != 0 {
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
+	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.MappedParentsRemoved) != 0 {
 		t.Errorf("a fresh root reported repairs: %+v", r)
 	}
 	ctx := testContext()
@@ -34,16 +34,16 @@ func TestStartupReconciliation(t *testing.T) {
 	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
 		t.Fatal(err)
 	}
-	views := viewMounts(t, sn)
+	views := mappedMounts(t, sn)
 	if len(views) != 2 {
-		t.Fatalf("want 2 views, got %v", views)
+		t.Fatalf("want 2 mapped parents, got %v", views)
 	}
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// "gone" leaves the registry (shim mode does not touch mounts): its
-	// view stays mounted with no user, as after a crash between the
-	// metadata commit and the unmount.
+	// "gone" leaves the registry (shim mode does not touch mounts): its mapped
+	// parent stays mounted with no user, as after a crash between the metadata
+	// commit and the unmount.
 	shim, err := New(root, Config{IDMap: IDMapShim})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,8 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	// The view of "live" was unmounted by someone: start must not remount it.
+	// The mapped parent of "live" was unmounted by someone: start must not
+	// remount it.
 	if err := unix.Unmount(views[0], unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +78,8 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	report := sn.Startup()
-	if got := strings.Join(report.ViewsRemoved, " "); got != filepath.Base(views[1]) {
-		t.Errorf("views removed at start: %q, want %q", got, filepath.Base(views[1]))
+	if got := strings.Join(report.MappedParentsRemoved, " "); got != filepath.Base(views[1]) {
+		t.Errorf("mapped parents removed at start: %q, want %q", got, filepath.Base(views[1]))
 	}
 	for _, dir := range leftovers {
 		if !slices.Contains(report.OrphansRemoved, dir) {
@@ -95,17 +96,17 @@ func TestStartupReconciliation(t *testing.T) {
 	}
 	after := listTree(t, root)
 	for _, p := range live {
-		if !slices.Contains(after, p) && !strings.HasPrefix(p, viewsDir+"/") {
+		if !slices.Contains(after, p) && !strings.HasPrefix(p, mappedDir+"/") {
 			t.Errorf("start removed live path %s", p)
 		}
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
-		t.Errorf("start mounted views eagerly: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("start mounted mapped parents eagerly: %v", got)
 	}
 	if _, err := sn.Mounts(ctx, "live"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 {
-		t.Errorf("Mounts did not make the view of a live snapshot again: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 1 {
+		t.Errorf("Mounts did not make the mapped parent of a live snapshot again: %v", got)
 	}
 }

@@ -9,7 +9,7 @@
 //	w/<name>     overlay work directories of active snapshots
 //	t/           temporary directories of snapshots being created by
 //	             earlier releases; only cleaned up now
-//	v/<n>        read-only idmapped views of l/, one per UID/GID mapping
+//	v/<n>        mapped parents: read-only idmapped mounts of l/, one per UID/GID mapping
 //	             in use (idmap mode "view"); v/ is a private bind mount
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
@@ -39,6 +39,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
@@ -48,7 +49,7 @@ const (
 	workDir   = "work"
 	worksDir  = "w"
 	tempDir   = "t"
-	viewsDir  = "v"
+	mappedDir = "v"
 	dbFile    = "metadata.db"
 
 	metadataLockTimeout = 5 * time.Second
@@ -62,10 +63,12 @@ const (
 type IDMapMode string
 
 const (
-	// IDMapView keeps one persistent idmapped view of the layer parent per
-	// mapping and returns plain overlays through it: the shim makes one
-	// mount per container start whatever its version.
-	IDMapView IDMapMode = "view"
+	// IDMapMappedParent keeps one persistent idmapped mount of the layer
+	// parent (a mapped parent) per mapping and returns plain overlays
+	// through it: the shim makes one mount per container start whatever
+	// its version. Its configuration value keeps the word of release 1,
+	// "view", so that existing configuration files stay valid.
+	IDMapMappedParent IDMapMode = "view"
 	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
 	// idmap the layers at every mount, as the built-in overlayfs does.
 	IDMapShim IDMapMode = "shim"
@@ -77,9 +80,9 @@ type Config struct {
 	IDMap IDMapMode
 	// MountOptions are added to every overlay mount's data.
 	MountOptions []string
-	// UsernsSpares is the number of processes view mode keeps in fresh
-	// user namespaces, so that a new mapping's view costs no fork (see
-	// package userns); 0 forks at every new mapping.
+	// UsernsSpares is the number of processes mapped-parent mode keeps in
+	// fresh user namespaces, so that a new mapping's mapped parent costs no
+	// fork (see package userns); 0 forks at every new mapping.
 	UsernsSpares int
 }
 
@@ -89,11 +92,11 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	idmap   IDMapMode
 	options []string
-	views   *mountgroup.Views // nil in shim mode
+	mapped  *idmount.Parents // nil in shim mode
 	startup StartupReport
-	// nextView is the next view name (base 36) this process hands out;
-	// names are never handed out twice (see views.go).
-	nextView atomic.Uint64
+	// nextMapped is the next mapped-parent name (base 36) this process hands
+	// out; names are never handed out twice (see mapped.go).
+	nextMapped atomic.Uint64
 	// mappingLocks serialise the first uses of each mapping.
 	mappingLocks keyedmutex.Mutexes
 
@@ -114,10 +117,10 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	}
 	switch cfg.IDMap {
 	case "":
-		cfg.IDMap = IDMapView
-	case IDMapView, IDMapShim:
+		cfg.IDMap = IDMapMappedParent
+	case IDMapMappedParent, IDMapShim:
 	default:
-		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q: %w", cfg.IDMap, IDMapView, IDMapShim, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q: %w", cfg.IDMap, IDMapMappedParent, IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
@@ -164,7 +167,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	// The MetaStore opens its file lazily; open it now so a locked or
 	// corrupted file stops the daemon at start with a clear message, and is
 	// never rewritten. A newer build's metadata is refused here too, before
-	// anything is written, views directory included.
+	// anything is written, mapped-parents directory included.
 	if err := s.withTx(context.Background(), false, func(ctx context.Context, tx *bolt.Tx) error {
 		if _, err := storage.IDMap(ctx); err != nil && !errdefs.IsNotFound(err) {
 			return err
@@ -180,8 +183,8 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
-	if cfg.IDMap == IDMapView {
-		if s.views, err = mountgroup.NewViews(filepath.Join(root, layersDir), filepath.Join(root, viewsDir), cfg.UsernsSpares); err != nil {
+	if cfg.IDMap == IDMapMappedParent {
+		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir), cfg.UsernsSpares); err != nil {
 			ms.Close()
 			return nil, err
 		}
@@ -191,7 +194,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		s.Close()
 		return nil, err
 	}
-	s.nextView.Store(next)
+	s.nextMapped.Store(next)
 	if err := s.reconcile(context.Background()); err != nil {
 		s.Close()
 		return nil, err
@@ -205,9 +208,10 @@ func (s *Snapshotter) Root() string { return s.root }
 // LayersDir returns the shared parent directory of every layer.
 func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
 
-// ViewsDir returns the directory the idmapped views of LayersDir are
-// mounted in: view <name> of LayersDir()/<layer> is ViewsDir()/<name>/<layer>.
-func (s *Snapshotter) ViewsDir() string { return filepath.Join(s.root, viewsDir) }
+// MappedParentsDir returns the directory the mapped parents (idmapped mounts
+// of LayersDir) are mounted in: mapped parent <name> of LayersDir()/<layer> is
+// MappedParentsDir()/<name>/<layer>.
+func (s *Snapshotter) MappedParentsDir() string { return filepath.Join(s.root, mappedDir) }
 
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
@@ -355,11 +359,11 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 }
 
 // Mounts returns the mount of an active or view snapshot. In view mode it
-// makes the mapping's view if it is missing (after a reboot, say).
+// makes the mapping's mapped parent if it is missing (after a reboot, say).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
 	for attempt := 0; ; attempt++ {
 		m, err := s.mountsOnce(ctx, key)
-		if errors.Is(err, errViewChanged) && attempt < maxViewAttempts {
+		if errors.Is(err, errMappedChanged) && attempt < maxMappedAttempts {
 			continue
 		}
 		if err != nil {
@@ -369,16 +373,16 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	}
 }
 
-// maxViewAttempts bounds how often a call starts over because the view
-// registry changed under it; each change is another call's progress.
-const maxViewAttempts = 100
+// maxMappedAttempts bounds how often a call starts over because the mapped
+// parent registry changed under it; each change is another call's progress.
+const maxMappedAttempts = 100
 
 func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount, error) {
 	var (
-		snap     storage.Snapshot
-		mapping  *idmap.Mapping
-		viewName string
-		isUser   bool
+		snap       storage.Snapshot
+		mapping    *idmap.Mapping
+		mappedName string
+		isUser     bool
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
@@ -391,84 +395,86 @@ func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount
 		if mapping, err = idmap.FromLabels(info.Labels); err != nil {
 			return err
 		}
-		if s.needsView(snap, mapping) {
-			viewName, isUser = viewOf(tx, mapping, snap.ID)
+		if s.needsMappedParent(snap, mapping) {
+			mappedName, isUser = mappedParentOf(tx, mapping, snap.ID)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if testHooks.mountsBeforeView != nil {
-		testHooks.mountsBeforeView()
+	if testHooks.mountsBeforeMappedParent != nil {
+		testHooks.mountsBeforeMappedParent()
 	}
-	if s.needsView(snap, mapping) && !isUser {
-		// Made in shim mode, before the switch to views: register it now,
-		// if it still exists.
-		viewName, err = s.withView(ctx, mapping, func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error {
+	if s.needsMappedParent(snap, mapping) && !isUser {
+		// Made in shim mode, before the switch to mapped parents: register it
+		// now, if it still exists.
+		mappedName, err = s.withMappedParent(ctx, mapping, func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error {
 			now, err := storage.GetSnapshot(ctx, key)
 			if err != nil {
 				return err
 			}
 			if now.ID != snap.ID {
-				return fmt.Errorf("snapshot was replaced meanwhile: %w", errViewChanged)
+				return fmt.Errorf("snapshot was replaced meanwhile: %w", errMappedChanged)
 			}
-			if err := useView(tx, mapping, snap.ID, name, isNew); err != nil {
-				return fmt.Errorf("register view: %w", err)
+			if err := useMappedParent(tx, mapping, snap.ID, name, isNew); err != nil {
+				return fmt.Errorf("register mapped parent: %w", err)
 			}
 			return nil
 		})
 		if err != nil {
 			return nil, err
 		}
-	} else if viewName != "" {
-		registered, err := s.settleView(ctx, viewName, mapping)
+	} else if mappedName != "" {
+		registered, err := s.settleMappedParent(ctx, mappedName, mapping)
 		if err != nil {
 			return nil, err
 		}
 		if !registered {
 			// The mapping's last user is gone: so is this snapshot, unless it
 			// was removed and made again, which the next attempt sees.
-			return nil, fmt.Errorf("view %q: %w", viewName, errViewChanged)
+			return nil, fmt.Errorf("mapped parent %q: %w", mappedName, errMappedChanged)
 		}
 	}
-	return s.mounts(snap, mapping, viewName)
+	return s.mounts(snap, mapping, mappedName)
 }
 
-// settleView makes what is mounted at view name agree with the registry,
-// under the name's lock: the view of m is mounted (made if missing) when the
-// registry gives name to m, and nothing is mounted there otherwise. It
-// reports whether name is m's view. Reading the registry after taking the
-// lock orders this call against a removal's unmount (done under the lock
-// after its commit), so a view is never left mounted for a mapping that has
-// lost it, nor unmounted under a mapping that holds it.
-func (s *Snapshotter) settleView(ctx context.Context, name string, m *idmap.Mapping) (registered bool, err error) {
-	unlock := s.views.Lock(name)
+// settleMappedParent makes what is mounted at mapped-parent name agree with
+// the registry, under the name's lock: the mapped parent of m is mounted (made
+// if missing) when the registry gives name to m, and nothing is mounted there
+// otherwise. It reports whether name is m's mapped parent. Reading the
+// registry after taking the lock orders this call against a removal's unmount
+// (done under the lock after its commit), so a mapped parent is never left
+// mounted for a mapping that has lost it, nor unmounted under a mapping that
+// holds it.
+func (s *Snapshotter) settleMappedParent(ctx context.Context, name string, m *idmap.Mapping) (registered bool, err error) {
+	unlock := s.mapped.Lock(name)
 	defer unlock()
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		registered = registeredViews(tx)[name] == m.String()
+		registered = registeredMappedParents(tx)[name] == m.String()
 		return nil
 	})
 	if err != nil {
 		return false, err
 	}
 	if registered {
-		return true, s.views.EnsureLocked(name, m)
+		return true, s.mapped.EnsureLocked(name, m)
 	}
-	return false, s.views.RemoveLocked(name)
+	return false, s.mapped.RemoveLocked(name)
 }
 
-// dropView unmounts view name once the registry no longer has it.
-func (s *Snapshotter) dropView(ctx context.Context, name string) {
-	unlock := s.views.Lock(name)
+// dropMappedParent unmounts mapped-parent name once the registry no longer has
+// it.
+func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
+	unlock := s.mapped.Lock(name)
 	defer unlock()
 	var registered bool
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		_, registered = registeredViews(tx)[name]
+		_, registered = registeredMappedParents(tx)[name]
 		return nil
 	})
 	if err == nil && !registered {
-		err = s.views.RemoveLocked(name)
+		err = s.mapped.RemoveLocked(name)
 		if err == nil {
 			log.G(ctx).WithField("view", name).Debug("removed view: its last snapshot is gone")
 		}
@@ -479,17 +485,18 @@ func (s *Snapshotter) dropView(ctx context.Context, name string) {
 	}
 }
 
-// withView runs register in a write transaction with the name of m's view,
-// mounted: the registered one, or a new one made for it before the
-// transaction, so that no kernel work holds every other writer up. First
-// uses of one mapping are serialised by a lock per mapping, so they make
-// one view between them. isNew tells register that name is new, for m to
-// take if it still has no view. register returns errViewChanged (wrapped or
-// not) when the registry changed since the name was chosen; withView then
-// starts over, and a view it made goes. It returns the name used.
-func (s *Snapshotter) withView(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
+// withMappedParent runs register in a write transaction with the name of m's
+// mapped parent, mounted: the registered one, or a new one made for it before
+// the transaction, so that no kernel work holds every other writer up. First
+// uses of one mapping are serialised by a lock per mapping, so they make one
+// mapped parent between them. isNew tells register that name is new, for m to
+// take if it still has no mapped parent. register returns errMappedChanged
+// (wrapped or not) when the registry changed since the name was chosen;
+// withMappedParent then starts over, and a mapped parent it made goes. It
+// returns the name used.
+func (s *Snapshotter) withMappedParent(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
 	for attempt := 0; ; attempt++ {
-		name, err := s.viewName(ctx, m)
+		name, err := s.mappedName(ctx, m)
 		if err != nil {
 			return "", err
 		}
@@ -501,36 +508,37 @@ func (s *Snapshotter) withView(ctx context.Context, m *idmap.Mapping, register f
 		if err == nil {
 			return name, nil
 		}
-		if !errors.Is(err, errViewChanged) || attempt >= maxViewAttempts {
+		if !errors.Is(err, errMappedChanged) || attempt >= maxMappedAttempts {
 			return "", err
 		}
 	}
 }
 
-// viewName returns the registered view name of m, "" if none.
-func (s *Snapshotter) viewName(ctx context.Context, m *idmap.Mapping) (name string, err error) {
+// mappedName returns the registered mapped-parent name of m, "" if none.
+func (s *Snapshotter) mappedName(ctx context.Context, m *idmap.Mapping) (name string, err error) {
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		name, _ = viewOf(tx, m, "")
+		name, _ = mappedParentOf(tx, m, "")
 		return nil
 	})
 	return name, err
 }
 
-// firstUse makes a view of m under a new name and registers it through
+// firstUse makes a mapped parent of m under a new name and registers it through
 // register, holding m's lock throughout.
 func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
 	unlock := s.mappingLocks.Lock(m.String())
 	defer unlock()
-	// Another first use may have registered m's view while this one waited.
-	if name, err := s.viewName(ctx, m); err != nil || name != "" {
+	// Another first use may have registered m's mapped parent while this one
+	// waited.
+	if name, err := s.mappedName(ctx, m); err != nil || name != "" {
 		if err == nil {
-			err = errViewChanged
+			err = errMappedChanged
 		}
 		return "", err
 	}
-	name := strconv.FormatUint(s.nextView.Add(1)-1, 36)
-	unlockName := s.views.Lock(name)
-	err := s.views.EnsureLocked(name, m)
+	name := strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
+	unlockName := s.mapped.Lock(name)
+	err := s.mapped.EnsureLocked(name, m)
 	unlockName()
 	if err == nil {
 		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
@@ -539,38 +547,39 @@ func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register f
 	}
 	if err != nil {
 		// Never registered: this process alone knows the name.
-		s.dropView(ctx, name)
+		s.dropMappedParent(ctx, name)
 		return "", err
 	}
 	return name, nil
 }
 
-// useExisting settles m's registered view name and registers through
+// useExisting settles m's registered mapped-parent name and registers through
 // register.
 func (s *Snapshotter) useExisting(ctx context.Context, name string, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) error {
-	if ok, err := s.settleView(ctx, name, m); err != nil {
+	if ok, err := s.settleMappedParent(ctx, name, m); err != nil {
 		return err
 	} else if !ok {
-		return errViewChanged
+		return errMappedChanged
 	}
 	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		return register(ctx, tx, name, false)
 	})
 }
 
-// needsView reports whether snap's layers are shown through an idmapped
-// view: remapped, with layers, in view mode.
-func (s *Snapshotter) needsView(snap storage.Snapshot, mapping *idmap.Mapping) bool {
-	return s.views != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
+// needsMappedParent reports whether snap's layers are shown through an idmapped
+// mapped parent: remapped, with layers, in mapped-parent mode.
+func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
+	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
-// dropViewsAfter unmounts the views that a committed transaction freed.
-func (s *Snapshotter) dropViewsAfter(ctx context.Context, freed []string) {
-	if s.views == nil {
+// dropMappedParentsAfter unmounts the mapped parents that a committed
+// transaction freed.
+func (s *Snapshotter) dropMappedParentsAfter(ctx context.Context, freed []string) {
+	if s.mapped == nil {
 		return
 	}
 	for _, name := range freed {
-		s.dropView(ctx, name)
+		s.dropMappedParent(ctx, name)
 	}
 }
 
@@ -627,15 +636,16 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
 			return err
 		}
-		// A committed layer is never mounted through a view. Shim mode
-		// keeps the registry right too, for a later switch to views.
-		freed, err = releaseViews(tx, id)
+		// A committed layer is never mounted through a mapped parent. Shim
+		// mode keeps the registry right too, for a later switch to mapped
+		// parents.
+		freed, err = releaseMappedParents(tx, id)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
-	s.dropViewsAfter(ctx, freed)
+	s.dropMappedParentsAfter(ctx, freed)
 	return nil
 }
 
@@ -651,13 +661,13 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 		if id, _, err = storage.Remove(ctx, key); err != nil {
 			return err
 		}
-		freed, err = releaseViews(tx, id)
+		freed, err = releaseMappedParents(tx, id)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
 	}
-	s.dropViewsAfter(ctx, freed)
+	s.dropMappedParentsAfter(ctx, freed)
 	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
 		path, err := dir(id)
 		if err != nil {
@@ -681,11 +691,11 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 // Close closes the metadata store. It is safe to call more than once.
 func (s *Snapshotter) Close() error {
 	s.closeOnce.Do(func() {
-		var viewsErr error
-		if s.views != nil {
-			viewsErr = s.views.Close()
+		var mappedErr error
+		if s.mapped != nil {
+			mappedErr = s.mapped.Close()
 		}
-		s.closeErr = errors.Join(s.ms.Close(), viewsErr)
+		s.closeErr = errors.Join(s.ms.Close(), mappedErr)
 	})
 	return s.closeErr
 }
@@ -713,8 +723,8 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 
 	var (
 		result []mount.Mount
-		// madeID and madeDirs are what the last build made, for a commit
-		// that fails after build succeeded.
+		// madeID and madeDirs are what the last build made, for a commit that
+		// fails after build succeeded.
 		madeID   string
 		madeDirs []string
 	)
@@ -723,7 +733,7 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	// rollback frees the snapshot's ID, and a creation that takes the ID
 	// next must find nothing of this one, nor lose its own directories to
 	// a late cleanup.
-	build := func(ctx context.Context, tx *bolt.Tx, viewName string, isNew bool) (err error) {
+	build := func(ctx context.Context, tx *bolt.Tx, mappedName string, isNew bool) (err error) {
 		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
 		if err != nil {
 			return err
@@ -755,21 +765,22 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 				return err
 			}
 		}
-		if viewName != "" {
-			if err := useView(tx, mapping, snap.ID, viewName, isNew); err != nil {
+		if mappedName != "" {
+			if err := useMappedParent(tx, mapping, snap.ID, mappedName, isNew); err != nil {
 				return err
 			}
 		}
 		// Build and check the mount now, so a chain the kernel cannot mount
 		// fails here rather than at container start.
-		if result, err = s.mounts(snap, mapping, viewName); err == nil {
+		if result, err = s.mounts(snap, mapping, mappedName); err == nil {
 			madeID, madeDirs = snap.ID, made
 		}
 		return err
 	}
-	if s.views != nil && mapping != nil && parent != "" {
-		// The view is made, if new, before the transaction (see withView).
-		_, err = s.withView(ctx, mapping, build)
+	if s.mapped != nil && mapping != nil && parent != "" {
+		// The mapped parent is made, if new, before the transaction (see
+		// withMappedParent).
+		_, err = s.withMappedParent(ctx, mapping, build)
 	} else {
 		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 			return build(ctx, tx, "", false)
@@ -904,15 +915,15 @@ func mkdirFresh(dir string, perm os.FileMode) error {
 // mounts builds the one mount of a snapshot: a bind for a snapshot without
 // parents (and a view of a single layer), otherwise one overlay.
 //
-// viewName is the view the layers are read through, "" for none.
-func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, viewName string) ([]mount.Mount, error) {
+// mappedName is the mapped parent the layers are read through, "" for none.
+func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
 	if mapping != nil && s.idmap == IDMapShim {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
 	lowerParent := filepath.Join(s.root, layersDir)
-	if viewName != "" {
-		lowerParent = s.views.Path(viewName)
+	if mappedName != "" {
+		lowerParent = s.mapped.Path(mappedName)
 	}
 	lowers := make([]string, len(snap.ParentIDs))
 	for i, id := range snap.ParentIDs {
@@ -1046,12 +1057,12 @@ func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 	return orphans, nil
 }
 
-// UnmountViews unmounts every idmapped view and the views directory, for
-// uninstalling and tests. Call it after Close; running containers keep
-// working.
-func (s *Snapshotter) UnmountViews() error {
-	if s.views == nil {
+// UnmountMappedParents unmounts every mapped parent and the mapped-parents
+// directory, for uninstalling and tests. Call it after Close; running
+// containers keep working.
+func (s *Snapshotter) UnmountMappedParents() error {
+	if s.mapped == nil {
 		return nil
 	}
-	return s.views.UnmountAll()
+	return s.mapped.UnmountAll()
 }

@@ -15,7 +15,7 @@ func newTestSnapshotter(ctx context.Context, root string) (snapshots.Snapshotter
 		return nil, nil, err
 	}
 	return sn, func() error {
-		return errors.Join(sn.Close(), sn.UnmountViews())
+		return errors.Join(sn.Close(), sn.UnmountMappedParents())
 	}, nil
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
-	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // snapshotRow is one line of `ls`.
@@ -142,26 +141,28 @@ func usageCommand() *cli.Command {
 	}
 }
 
-func viewsCommand() *cli.Command {
+func mappedParentsCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "views",
-		Usage: "list the idmapped views: mapping, users, mount point",
-		Flags: clientFlags(),
+		Name: "mapped-parents",
+		// "views" was the command's name in release 1; scripts keep working.
+		Aliases: []string{"views"},
+		Usage:   "list the mapped parents (idmapped mounts of the layer parent, one per UID/GID mapping): mapping, users, mount point",
+		Flags:   clientFlags(),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
-			var views []snapshot.ViewInfo
-			if err := server.CallAdmin(c.Context, d.conn, "Views", &views); err != nil {
-				return fmt.Errorf("list views: %w", err)
+			var parents []server.MappedParent
+			if err := server.CallAdmin(c.Context, d.conn, "MappedParents", &parents); err != nil {
+				return fmt.Errorf("list mapped parents: %w", err)
 			}
 			if c.Bool("json") {
-				if views == nil {
-					views = []snapshot.ViewInfo{}
+				if parents == nil {
+					parents = []server.MappedParent{}
 				}
-				return printJSON(views)
+				return printJSON(parents)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "VIEW\tUIDMAP\tGIDMAP\tUSERS\tMOUNTPOINT\tMOUNTED")
-			for _, v := range views {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", v.Name, v.UIDMap, v.GIDMap, v.Users, v.Path, v.Mounted)
+			fmt.Fprintln(w, "NAME\tUIDMAP\tGIDMAP\tUSERS\tMOUNTPOINT\tMOUNTED")
+			for _, p := range parents {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", p.Name, p.UIDMap, p.GIDMap, p.Users, p.Path, p.Mounted)
 			}
 			return w.Flush()
 		}),

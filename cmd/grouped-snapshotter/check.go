@@ -50,7 +50,7 @@ func checkCommand() *cli.Command {
 				}
 			} else {
 				for _, r := range results {
-					fmt.Printf("%-4s  %-18s %s\n", r.Status, r.Name, r.Detail)
+					fmt.Printf("%-4s  %-23s %s\n", r.Status, r.Name, r.Detail)
 				}
 			}
 			if preflight.Failed(results) {

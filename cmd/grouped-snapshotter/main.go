@@ -15,16 +15,30 @@ var version = "dev"
 func main() {
 	app := &cli.App{
 		Name:    "grouped-snapshotter",
-		Usage:   "containerd snapshotter keeping every layer under one parent: one mount per container, one idmapped view per user namespace",
+		Usage:   "containerd snapshotter keeping every layer under one parent: one mount per container, one mapped parent per user namespace",
 		Version: version,
 		Flags:   serveFlags(),
-		Action:  serve,
+		// The log flags are global too: every command logs (containerd's
+		// log package, to stderr) at the level and in the format given.
+		// serve (also the default action) applies them itself, over the
+		// config file's log_level and after checking the config.
+		Before: func(c *cli.Context) error {
+			if cmd := c.Args().First(); cmd == "" || cmd == "serve" {
+				return nil
+			}
+			level := flagString(c, "log-level")
+			if level == "" {
+				level = "info"
+			}
+			return setupLogging(level, flagString(c, "log-format"))
+		},
+		Action: serve,
 		Commands: []*cli.Command{
 			{Name: "serve", Usage: "run the daemon (the default)", Flags: serveFlags(), Action: serve},
 			checkCommand(),
 			lsCommand(),
 			usageCommand(),
-			viewsCommand(),
+			mappedParentsCommand(),
 			gcCommand(),
 			purgeCommand(),
 			importCommand(),
@@ -59,6 +73,8 @@ func serveFlags() []cli.Flag {
 }
 
 // clientFlags are the flags of commands that talk to a running daemon.
+// --config and --address repeat global flags, for `ls --address X`; see
+// flagString for how the two combine.
 func clientFlags(extra ...cli.Flag) []cli.Flag {
 	return append([]cli.Flag{
 		&cli.StringFlag{Name: "config", Usage: "configuration file naming the daemon's address (default " + defaultConfigPath + " if it exists)"},

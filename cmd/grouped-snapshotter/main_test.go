@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
@@ -168,13 +169,13 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 }
 
 func unmountUnder(t *testing.T, dir string) {
-	mps, err := mountgroup.MountsUnder(dir)
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		t.Error(err)
 	}
-	for i := len(mps) - 1; i >= 0; i-- {
-		if err := syscall.Unmount(mps[i], syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", mps[i], err)
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := syscall.Unmount(mounts[i].Mountpoint, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mounts[i].Mountpoint, err)
 		}
 	}
 }

@@ -7,19 +7,18 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
 // last step: containerd no longer knows the snapshots, so nothing else
-// would ever remove them or unmount the idmapped views.
+// would ever remove them or unmount the mapped parents.
 func purgeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "purge",
-		Usage: "unmount the views of a STOPPED daemon and delete its root (every snapshot)",
+		Usage: "unmount the mapped parents of a STOPPED daemon and delete its root (every snapshot)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "configuration file naming root and address (default " + defaultConfigPath + " if it exists)"},
 			&cli.StringFlag{Name: "root", Usage: "the root to delete (overrides the config file)"},
@@ -71,11 +70,15 @@ func purgeRoot(root string) (bool, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return false, fmt.Errorf("purge %q: %s is in use (is grouped-snapshotter still running?): %w", root, meta, err)
 	}
-	mounts, err := mountgroup.MountsUnder(root)
+	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(root)))
 	if err != nil {
 		return false, fmt.Errorf("purge %q: list mounts: %w", root, err)
 	}
-	// Deepest first: the views under v/ before v/ itself.
+	mounts := make([]string, len(infos))
+	for i, info := range infos {
+		mounts[i] = info.Mountpoint
+	}
+	// Deepest first: the mapped parents under v/ before v/ itself.
 	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
 	for _, m := range mounts {
 		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // TestPurge: purge refuses while the daemon runs, and once it has stopped
@@ -74,7 +73,7 @@ func TestPurge(t *testing.T) {
 	if _, err := os.Stat(root); !os.IsNotExist(err) {
 		t.Errorf("root still there after purge: %v", err)
 	}
-	if left, _ := mountgroup.MountsUnder(root); len(left) != 0 {
+	if left, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(root)); len(left) != 0 {
 		t.Errorf("mounts left under the root: %v", left)
 	}
 	if out, err := purge("--root", root, "--address", sock); err != nil || !strings.Contains(out, "nothing to purge") {

@@ -31,7 +31,7 @@ const (
 // the flags over it.
 func loadConfig(c *cli.Context) (plugin.Config, error) {
 	cfg := plugin.DefaultConfig()
-	path := c.String("config")
+	path := flagString(c, "config")
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
 			path = defaultConfigPath
@@ -43,17 +43,17 @@ func loadConfig(c *cli.Context) (plugin.Config, error) {
 			return cfg, err
 		}
 	}
-	if v := c.String("root"); v != "" {
+	if v := flagString(c, "root"); v != "" {
 		cfg.RootPath = v
 	}
-	if v := c.String("address"); v != "" {
+	if v := flagString(c, "address"); v != "" {
 		cfg.Address = v
 	}
-	if v := c.String("log-level"); v != "" {
+	if v := flagString(c, "log-level"); v != "" {
 		cfg.LogLevel = v
 	}
-	if c.IsSet("metrics-address") {
-		cfg.MetricsAddress = c.String("metrics-address")
+	if flagIsSet(c, "metrics-address") {
+		cfg.MetricsAddress = flagString(c, "metrics-address")
 	}
 	return cfg, cfg.Validate()
 }
@@ -80,8 +80,18 @@ type daemonAdmin struct {
 func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
 }
-func (a daemonAdmin) Views(ctx context.Context) ([]snapshot.ViewInfo, error) { return a.sn.Views(ctx) }
-func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error)          { return a.sn.Orphans(ctx) }
+func (a daemonAdmin) MappedParents(ctx context.Context) ([]server.MappedParent, error) {
+	infos, err := a.sn.MappedParents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]server.MappedParent, len(infos))
+	for i, p := range infos {
+		out[i] = server.MappedParent{Name: p.Name, UIDMap: p.UIDMap, GIDMap: p.GIDMap, Users: p.Users, Path: p.Path, Mounted: p.Mounted}
+	}
+	return out, nil
+}
+func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
 	return a.sn.RemoveOrphans(ctx)
 }
@@ -99,7 +109,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := setupLogging(cfg.LogLevel, c.String("log-format")); err != nil {
+	if err := setupLogging(cfg.LogLevel, flagString(c, "log-format")); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -116,11 +126,11 @@ func serve(c *cli.Context) error {
 	}()
 	m := metrics.New(sn)
 	if cfg.MetricsAddress != "" {
-		if err := m.Serve(ctx, cfg.MetricsAddress); err != nil {
+		if err := server.ServeHTTP(ctx, cfg.MetricsAddress, "metrics", m.Handler()); err != nil {
 			return fmt.Errorf("serve metrics on %q: %w", cfg.MetricsAddress, err)
 		}
 	}
-	if addr := c.String("pprof-address"); addr != "" {
+	if addr := flagString(c, "pprof-address"); addr != "" {
 		if err := servePprof(ctx, addr); err != nil {
 			return err
 		}
@@ -129,7 +139,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cmp, err := differ.New(sn.LayersDir(), sn.ViewsDir(), cfg.ContainerdAddress)
+	cmp, err := differ.New(sn.LayersDir(), sn.MappedParentsDir(), cfg.ContainerdAddress)
 	if err != nil {
 		return err
 	}

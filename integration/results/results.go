@@ -34,7 +34,7 @@ const (
 type MountSyscalls struct {
 	Rows []MountSyscallRow `json:"rows"`
 	// FirstStart is what the snapshotter did for the first start with a
-	// new mapping, by containerd release: its view made and, when that
+	// new mapping, by containerd release: its mapped parent made and, when that
 	// start's snapshot was removed, unmounted.
 	FirstStart map[string]map[string]int `json:"first_start"`
 }
@@ -192,7 +192,7 @@ func RenderMountSyscalls(m MountSyscalls) (string, error) {
 		firsts = append(firsts, fmt.Sprintf("%s on %s", calls, strings.Join(byCalls[calls], " and ")))
 	}
 	if len(firsts) > 0 {
-		text := fmt.Sprintf("The first start with a new mapping also costs the snapshotter, once, %s: its view, made, then unmounted when that start's snapshot (the view's only user) was removed.",
+		text := fmt.Sprintf("The first start with a new mapping also costs the snapshotter, once, %s: its mapped parent, made, then unmounted when that start's snapshot (the mapped parent's only user) was removed.",
 			strings.Join(firsts, "; "))
 		b.WriteString("\n" + wrap(text, 75) + "\n")
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Run gives the test binary a temporary directory of its own (TMPDIR, so
@@ -38,15 +40,16 @@ func Run(m *testing.M) int {
 	return code
 }
 
+// mountsUnder lists the mount points strictly below dir.
 func mountsUnder(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
+	for _, m := range mounts {
+		if m.Mountpoint != dir {
+			out = append(out, m.Mountpoint)
 		}
 	}
 	return out, nil

@@ -1,4 +1,4 @@
-package mountgroup
+package idmount
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
@@ -28,9 +29,9 @@ func mapping(t *testing.T, uid, gid string) *idmap.Mapping {
 	return m
 }
 
-// newTestViews makes <tmp>/root/{l,v} with a layer holding files owned by
+// newTestParents makes <tmp>/root/{l,v} with a layer holding files owned by
 // 0:0 and 1000:1000, and unmounts everything at the end.
-func newTestViews(t *testing.T) (*Views, string) {
+func newTestParents(t *testing.T) (*Parents, string) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
 	layers := filepath.Join(root, "l")
@@ -46,12 +47,12 @@ func newTestViews(t *testing.T) (*Views, string) {
 			t.Fatal(err)
 		}
 	}
-	v, err := NewViews(layers, filepath.Join(root, "v"), 1)
+	v, err := NewParents(layers, filepath.Join(root, "v"), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		mps, _ := MountsUnder(root)
+		mps, _ := mountsUnder(root)
 		for i := len(mps) - 1; i >= 0; i-- {
 			unix.Unmount(mps[i], unix.MNT_DETACH)
 		}
@@ -69,51 +70,50 @@ func owner(t *testing.T, path string) (uint32, uint32) {
 	return sys.Uid, sys.Gid
 }
 
-func TestViewShowsMappedOwnersReadOnly(t *testing.T) {
-	v, _ := newTestViews(t)
+func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
+	v, _ := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:200000:65536")
 	if err := v.Ensure("0", m); err != nil {
 		t.Fatal(err)
 	}
 	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 100000 || g != 200000 {
-		t.Errorf("root-file through the view: %d:%d, want 100000:200000", u, g)
+		t.Errorf("root-file through the mapped parent: %d:%d, want 100000:200000", u, g)
 	}
 	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "user-file")); u != 101000 || g != 201000 {
-		t.Errorf("user-file through the view: %d:%d, want 101000:201000", u, g)
+		t.Errorf("user-file through the mapped parent: %d:%d, want 101000:201000", u, g)
 	}
 	err := os.WriteFile(filepath.Join(v.Path("0"), "1", "new"), nil, 0o644)
 	if !errors.Is(err, syscall.EROFS) {
-		t.Errorf("write through the view: %v, want EROFS", err)
+		t.Errorf("write through the mapped parent: %v, want EROFS", err)
 	}
 	st, err := statMount(v.Path("0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&viewAttrs != viewAttrs {
+	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&mappedAttrs != mappedAttrs {
 		t.Errorf("statmount: %+v", st)
 	}
-	// A layer created after the view is visible through it.
+	// A layer created after the mapped parent is visible through it.
 	if err := os.Mkdir(filepath.Join(v.layers, "2"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(v.Path("0"), "2")); err != nil {
-		t.Errorf("new layer not visible through the view: %v", err)
+		t.Errorf("new layer not visible through the mapped parent: %v", err)
 	}
 }
 
 func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
-	v, root := newTestViews(t)
+	v, root := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:100000:65536")
 	start := v.Syscalls()
 	if err := v.Ensure("0", m); err != nil {
 		t.Fatal(err)
 	}
 	before := v.Syscalls()
-	// The count is live: a new view is open_tree, mount_setattr and
-	// move_mount (so "no new call" below is not a counter that never
-	// moves).
+	// The count is live: a new mapped parent is open_tree, mount_setattr and
+	// move_mount (so "no new call" below is not a counter that never moves).
 	if n := before - start; n != 3 {
-		t.Errorf("Ensure of a new view made %d mount syscalls, want 3", n)
+		t.Errorf("Ensure of a new mapped parent made %d mount syscalls, want 3", n)
 	}
 	for i := 0; i < 3; i++ {
 		if err := v.Ensure("0", m); err != nil {
@@ -121,11 +121,11 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 		}
 	}
 	if v.Syscalls() != before {
-		t.Errorf("Ensure of an existing view made %d mount syscalls", v.Syscalls()-before)
+		t.Errorf("Ensure of an existing mapped parent made %d mount syscalls", v.Syscalls()-before)
 	}
-	// A new Views on the same dirs (a daemon restart) recognises the view
-	// through statmount instead of stacking a second one.
-	v2, err := NewViews(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
+	// A new Parents on the same dirs (a daemon restart) recognises the mapped
+	// parent through statmount instead of stacking a second one.
+	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,68 +134,75 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := v2.Syscalls() - base; n != 0 {
-		t.Errorf("restart: Ensure made %d mount syscalls for an existing view", n)
+		t.Errorf("restart: Ensure made %d mount syscalls for an existing mapped parent", n)
 	}
-	if mps, _ := MountsUnder(v.Path("0")); len(mps) != 1 {
-		t.Errorf("mounts at the view: %v, want exactly one", mps)
+	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
+		t.Errorf("mounts at the mapped parent: %v, want exactly one", mps)
 	}
-	// A different mapping at the same name replaces the view, never stacks.
+	// A different mapping at the same name replaces the mapped parent, never
+	// stacks.
 	other := mapping(t, "0:300000:65536", "0:300000:65536")
 	if err := v2.Ensure("0", other); err != nil {
 		t.Fatal(err)
 	}
-	if mps, _ := MountsUnder(v.Path("0")); len(mps) != 1 {
-		t.Errorf("mounts at the view after a mapping change: %v, want exactly one", mps)
+	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
+		t.Errorf("mounts at the mapped parent after a mapping change: %v, want exactly one", mps)
 	}
 	if u, _ := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 300000 {
-		t.Errorf("replaced view shows owner %d, want 300000", u)
+		t.Errorf("replaced mapped parent shows owner %d, want 300000", u)
 	}
 	if err := v2.Remove("0"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
-		t.Errorf("view directory left after Remove: %v", err)
+		t.Errorf("mapped parent directory left after Remove: %v", err)
 	}
-	if mps, _ := MountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
-		t.Errorf("mounts under the views dir after Remove: %v, want only the dir's own bind", mps)
+	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
+		t.Errorf("mounts under the mapped-parents dir after Remove: %v, want only the dir's own bind", mps)
 	}
 }
 
-func TestViewsDirMustBeOutsideLayers(t *testing.T) {
+func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
-	if _, err := NewViews(root, filepath.Join(root, "v"), 0); err == nil {
-		t.Fatal("NewViews accepted a views directory inside the layer parent")
+	if _, err := NewParents(root, filepath.Join(root, "v"), 0); err == nil {
+		t.Fatal("NewParents accepted a mapped-parents directory inside the layer parent")
 	}
 }
 
-func TestViewsDirIsPrivate(t *testing.T) {
-	v, _ := newTestViews(t)
-	f, err := os.ReadFile("/proc/self/mountinfo")
+func TestParentsDirIsPrivate(t *testing.T) {
+	v, _ := newTestParents(t)
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(v.Dir()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range splitLines(string(f)) {
-		fields := splitFields(line)
-		if len(fields) > 6 && fields[4] == v.Dir() {
-			// Optional fields (shared:N, master:N) sit between field 6 and "-".
-			if fields[6] != "-" {
-				t.Errorf("views dir has propagation %q, want private", fields[6])
-			}
-			return
-		}
+	if len(mounts) != 1 {
+		t.Fatalf("mapped-parents dir %q is not a mount point (%d entries)", v.Dir(), len(mounts))
 	}
-	t.Fatalf("views dir %q is not a mount point", v.Dir())
+	// Optional fields (shared:N, master:N) are empty for a private mount.
+	if opt := mounts[0].Optional; opt != "" {
+		t.Errorf("mapped-parents dir has propagation %q, want private", opt)
+	}
+}
+
+// mountsUnder lists the mount points at or below dir, parents first.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	mps := make([]string, len(mounts))
+	for i, m := range mounts {
+		mps[i] = m.Mountpoint
+	}
+	return mps, err
 }
 
 func TestProbes(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
-	if err := ProbeOverlay(dir); err != nil {
-		t.Errorf("ProbeOverlay: %v", err)
-	}
 	if err := ProbeIDMappedMount(dir); err != nil {
 		t.Errorf("ProbeIDMappedMount: %v", err)
+	}
+	if err := ProbeIDMappedOverlay(dir); err != nil {
+		t.Errorf("ProbeIDMappedOverlay: %v", err)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("probes left %d entries behind", len(entries))

@@ -16,8 +16,8 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 )
 
-// The view registry lives in the MetaStore's bbolt file, next to
-// containerd's buckets, so that who uses which view changes in the same
+// The mapped-parent registry lives in the MetaStore's bbolt file, next to
+// containerd's buckets, so that who uses which mapped parent changes in the same
 // transaction as the snapshots themselves:
 //
 //	grouped.v1/format                       metadata format (see format.go)
@@ -25,21 +25,21 @@ import (
 //	grouped.v1/views/<mapping>/name         short name of the view under v/
 //	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use the view
 //
-// A view name is never given to another mapping (format 2): a caller that
-// read a name and acts on it later (mounting the view, say) can at worst
-// act for a mapping that has meanwhile lost its view, never for another
+// A mapped-parent name is never given to another mapping (format 2): a caller that
+// read a name and acts on it later (mounting the mapped parent, say) can at worst
+// act for a mapping that has meanwhile lost its mapped parent, never for another
 // mapping. Who may touch the mount at a name is settled under that name's
-// lock against the registry, in settleView.
+// lock against the registry, in settleMappedParent.
 var (
 	bucketGrouped = []byte("grouped.v1")
-	bucketViews   = []byte("views")
+	bucketMapped  = []byte("views")
 	bucketUsers   = []byte("users")
 	keyName       = []byte("name")
-	keyNextView   = []byte("next-view")
+	keyNextMapped = []byte("next-view")
 )
 
 // withTx runs fn in a MetaStore transaction and hands it the bbolt
-// transaction as well, for the view registry.
+// transaction as well, for the mapped-parent registry.
 func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx context.Context, tx *bolt.Tx) error) error {
 	ctx, t, err := s.ms.TransactionContext(ctx, writable)
 	if err != nil {
@@ -70,10 +70,10 @@ type commitError struct{ err error }
 func (e *commitError) Error() string { return "commit metadata: " + e.err.Error() }
 func (e *commitError) Unwrap() error { return e.err }
 
-func viewsBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
+func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	if !create {
 		if g := tx.Bucket(bucketGrouped); g != nil {
-			return g.Bucket(bucketViews), nil
+			return g.Bucket(bucketMapped), nil
 		}
 		return nil, nil
 	}
@@ -81,19 +81,19 @@ func viewsBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	return g.CreateBucketIfNotExists(bucketViews)
+	return g.CreateBucketIfNotExists(bucketMapped)
 }
 
-// errViewChanged says that the registry no longer holds what a caller
-// prepared a view for outside the transaction: the caller starts over.
-var errViewChanged = errors.New("view registry changed meanwhile")
+// errMappedChanged says that the registry no longer holds what a caller
+// prepared a mapped parent for outside the transaction: the caller starts over.
+var errMappedChanged = errors.New("mapped-parent registry changed meanwhile")
 
-// useView records that snapshot id uses the view name of m. name is the
-// mapping's registered view, or, when isNew, a name never handed out before
-// whose view the caller has mounted for m, which m gets if it still has no
-// view. Anything else is errViewChanged.
-func useView(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
-	views, err := viewsBucket(tx, true)
+// useMappedParent records that snapshot id uses the mapped-parent name of m.
+// name is the mapping's registered mapped parent, or, when isNew, a name never
+// handed out before whose mapped parent the caller has mounted for m, which m
+// gets if it still has no mapped parent. Anything else is errMappedChanged.
+func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
+	views, err := mappedBucket(tx, true)
 	if err != nil {
 		return err
 	}
@@ -101,12 +101,12 @@ func useView(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 	mb := views.Bucket(key)
 	switch {
 	case (mb == nil) != isNew:
-		return errViewChanged
+		return errMappedChanged
 	case mb == nil:
-		if _, taken := registeredViews(tx)[name]; taken {
+		if _, taken := registeredMappedParents(tx)[name]; taken {
 			// Reserved names are unique; this is a broken invariant, and
 			// sharing the name would show one mapping's files to another.
-			return fmt.Errorf("view name %q of new mapping %s is already registered: %w", name, m, errdefs.ErrFailedPrecondition)
+			return fmt.Errorf("mapped-parent name %q of new mapping %s is already registered: %w", name, m, errdefs.ErrFailedPrecondition)
 		}
 		if mb, err = views.CreateBucket(key); err != nil {
 			return err
@@ -114,11 +114,11 @@ func useView(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 		if err := mb.Put(keyName, []byte(name)); err != nil {
 			return err
 		}
-		if err := raiseNextView(tx, name); err != nil {
+		if err := raiseNextMapped(tx, name); err != nil {
 			return err
 		}
 	case string(mb.Get(keyName)) != name:
-		return errViewChanged
+		return errMappedChanged
 	}
 	users, err := mb.CreateBucketIfNotExists(bucketUsers)
 	if err != nil {
@@ -127,10 +127,10 @@ func useView(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 	return users.Put([]byte(id), nil)
 }
 
-// viewOf returns the view name of m and whether snapshot id is one of its
-// users; name is "" if m has no view.
-func viewOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool) {
-	views, _ := viewsBucket(tx, false)
+// mappedParentOf returns the mapped-parent name of m and whether snapshot id
+// is one of its users; name is "" if m has no mapped parent.
+func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool) {
+	views, _ := mappedBucket(tx, false)
 	if views == nil {
 		return "", false
 	}
@@ -142,8 +142,8 @@ func viewOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool)
 	return string(mb.Get(keyName)), users != nil && users.Get([]byte(id)) != nil
 }
 
-// parseViewName returns the number a view name stands for.
-func parseViewName(name string) (uint64, bool) {
+// parseMappedName returns the number a mapped-parent name stands for.
+func parseMappedName(name string) (uint64, bool) {
 	n, err := strconv.ParseUint(name, 36, 64)
 	if err != nil || strconv.FormatUint(n, 36) != name {
 		return 0, false
@@ -151,26 +151,26 @@ func parseViewName(name string) (uint64, bool) {
 	return n, true
 }
 
-// nextViewName returns the stored lower bound of names never handed out.
-func nextViewName(tx *bolt.Tx) uint64 {
+// nextMappedName returns the stored lower bound of names never handed out.
+func nextMappedName(tx *bolt.Tx) uint64 {
 	g := tx.Bucket(bucketGrouped)
 	if g == nil {
 		return 0
 	}
-	v := g.Get(keyNextView)
+	v := g.Get(keyNextMapped)
 	if len(v) != 8 {
 		return 0
 	}
 	return binary.BigEndian.Uint64(v)
 }
 
-// raiseNextView makes sure name is below the stored next-view bound.
-func raiseNextView(tx *bolt.Tx, name string) error {
-	n, ok := parseViewName(name)
+// raiseNextMapped makes sure name is below the stored next-view bound.
+func raiseNextMapped(tx *bolt.Tx, name string) error {
+	n, ok := parseMappedName(name)
 	if !ok {
-		return fmt.Errorf("view name %q is not a base-36 number: %w", name, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("mapped-parent name %q is not a base-36 number: %w", name, errdefs.ErrInvalidArgument)
 	}
-	if n < nextViewName(tx) {
+	if n < nextMappedName(tx) {
 		return nil
 	}
 	g, err := tx.CreateBucketIfNotExists(bucketGrouped)
@@ -179,19 +179,20 @@ func raiseNextView(tx *bolt.Tx, name string) error {
 	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], n+1)
-	return g.Put(keyNextView, b[:])
+	return g.Put(keyNextMapped, b[:])
 }
 
-// releaseViews drops snapshot id from every view's users and returns the
-// names of views left without users, whose registry entries are deleted.
-func releaseViews(tx *bolt.Tx, id string) ([]string, error) {
-	return pruneViews(tx, func(user string) bool { return user == id })
+// releaseMappedParents drops snapshot id from every mapped parent's users and
+// returns the names of mapped parents left without users, whose registry
+// entries are deleted.
+func releaseMappedParents(tx *bolt.Tx, id string) ([]string, error) {
+	return pruneMappedParents(tx, func(user string) bool { return user == id })
 }
 
-// pruneViews removes the users for which drop is true and returns the
-// names of views left without users.
-func pruneViews(tx *bolt.Tx, drop func(user string) bool) ([]string, error) {
-	views, err := viewsBucket(tx, false)
+// pruneMappedParents removes the users for which drop is true and returns the
+// names of mapped parents left without users.
+func pruneMappedParents(tx *bolt.Tx, drop func(user string) bool) ([]string, error) {
+	views, err := mappedBucket(tx, false)
 	if views == nil || err != nil {
 		return nil, err
 	}
@@ -237,10 +238,11 @@ func pruneViews(tx *bolt.Tx, drop func(user string) bool) ([]string, error) {
 	return names, nil
 }
 
-// registeredViews returns name -> mapping string of every registered view.
-func registeredViews(tx *bolt.Tx) map[string]string {
+// registeredMappedParents returns name -> mapping string of every registered
+// mapped parent.
+func registeredMappedParents(tx *bolt.Tx) map[string]string {
 	out := map[string]string{}
-	views, _ := viewsBucket(tx, false)
+	views, _ := mappedBucket(tx, false)
 	if views == nil {
 		return out
 	}
@@ -251,11 +253,11 @@ func registeredViews(tx *bolt.Tx) map[string]string {
 	return out
 }
 
-// reconcileViews runs at start: it drops registry users whose snapshot no
-// longer exists or is committed, and unmounts views no snapshot uses. It
-// returns the names of the views it unmounted. Views in use are left as they
-// are and verified when next needed.
-func (s *Snapshotter) reconcileViews(ctx context.Context) ([]string, error) {
+// reconcileMappedParents runs at start: it drops registry users whose snapshot
+// no longer exists or is committed, and unmounts mapped parents no snapshot
+// uses. It returns the names of the mapped parents it unmounted. Mapped
+// parents in use are left as they are and verified when next needed.
+func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, error) {
 	var registered map[string]string
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		ids, err := storage.IDMap(ctx)
@@ -268,20 +270,20 @@ func (s *Snapshotter) reconcileViews(ctx context.Context) ([]string, error) {
 				active[id] = true
 			}
 		}
-		freed, err := pruneViews(tx, func(user string) bool { return !active[user] })
+		freed, err := pruneMappedParents(tx, func(user string) bool { return !active[user] })
 		if err != nil {
 			return err
 		}
 		if len(freed) > 0 {
 			log.G(ctx).WithField("views", freed).Info("dropped registry entries of views without snapshots")
 		}
-		registered = registeredViews(tx)
+		registered = registeredMappedParents(tx)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile views: %w", err)
+		return nil, fmt.Errorf("reconcile mapped parents: %w", err)
 	}
-	names, err := s.views.Names()
+	names, err := s.mapped.Names()
 	if err != nil {
 		return nil, err
 	}
@@ -290,10 +292,10 @@ func (s *Snapshotter) reconcileViews(ctx context.Context) ([]string, error) {
 		if _, ok := registered[name]; ok {
 			continue
 		}
-		if err := s.views.Remove(name); err != nil {
-			return removed, fmt.Errorf("remove stale view %q: %w", name, err)
+		if err := s.mapped.Remove(name); err != nil {
+			return removed, fmt.Errorf("remove stale mapped parent %q: %w", name, err)
 		}
-		log.G(ctx).WithField("view", s.views.Path(name)).Info("removed stale view no snapshot uses")
+		log.G(ctx).WithField("view", s.mapped.Path(name)).Info("removed stale view no snapshot uses")
 		removed = append(removed, name)
 	}
 	return removed, nil

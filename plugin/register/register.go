@@ -1,33 +1,36 @@
-package plugin
+// Package register registers grouped-snapshotter as a snapshot plugin in
+// containerd's plugin registry, for a containerd built with it in process
+// (like the built-in overlayfs). Import it for that side effect only:
+//
+//	import _ "github.com/grouped-snapshotter/grouped-snapshotter/plugin/register"
+//
+// The standalone daemon does not import it; package plugin, the
+// configuration, registers nothing.
+package register
 
 import (
 	"fmt"
 
-	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/platforms"
-	"github.com/containerd/plugin"
+	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
-
-// Capabilities are what containerd must be told the snapshotter supports.
-// An in-process plugin reports them itself; for the proxy plugin they go in
-// containerd's config (proxy_plugins.grouped.capabilities).
-var Capabilities = []string{"remap-ids", snapshots.RebaseCap}
 
 // init registers the snapshotter so that a containerd built with this
 // package imported can run it in process, like its built-in overlayfs.
 func init() {
-	registry.Register(&plugin.Registration{
+	registry.Register(&cplugin.Registration{
 		Type:   plugins.SnapshotPlugin,
-		ID:     Name,
+		ID:     plugin.Name,
 		Config: inProcessDefaults(),
-		InitFn: func(ic *plugin.InitContext) (any, error) {
-			cfg, ok := ic.Config.(*Config)
+		InitFn: func(ic *cplugin.InitContext) (any, error) {
+			cfg, ok := ic.Config.(*plugin.Config)
 			if !ok {
-				return nil, fmt.Errorf("%s snapshotter: unexpected config type %T", Name, ic.Config)
+				return nil, fmt.Errorf("%s snapshotter: unexpected config type %T", plugin.Name, ic.Config)
 			}
 			if cfg.RootPath == "" {
 				cfg.RootPath = ic.Properties[plugins.PropertyRootDir]
@@ -36,7 +39,7 @@ func init() {
 				return nil, err
 			}
 			ic.Meta.Platforms = append(ic.Meta.Platforms, platforms.DefaultSpec())
-			ic.Meta.Capabilities = append(ic.Meta.Capabilities, Capabilities...)
+			ic.Meta.Capabilities = append(ic.Meta.Capabilities, plugin.Capabilities...)
 			ic.Meta.Exports[plugins.SnapshotterRootDir] = cfg.RootPath
 			return snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
 		},
@@ -45,8 +48,8 @@ func init() {
 
 // inProcessDefaults are the daemon's defaults with no root of its own: in
 // process, containerd gives the plugin its root unless root_path is set.
-func inProcessDefaults() *Config {
-	c := DefaultConfig()
+func inProcessDefaults() *plugin.Config {
+	c := plugin.DefaultConfig()
 	c.RootPath = ""
 	return &c
 }

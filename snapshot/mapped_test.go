@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
@@ -33,13 +34,17 @@ func lowerdirs(t *testing.T, m mount.Mount) []string {
 	return nil
 }
 
-func viewMounts(t *testing.T, sn *Snapshotter) []string {
+func mappedMounts(t *testing.T, sn *Snapshotter) []string {
 	t.Helper()
-	mps, err := mountgroup.MountsUnder(filepath.Join(sn.Root(), viewsDir))
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(sn.Root(), mappedDir)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mps[1:] // the first is the views directory's own bind mount
+	var mps []string
+	for _, m := range mounts[1:] { // the first is the directory's own bind mount
+		mps = append(mps, m.Mountpoint)
+	}
+	return mps
 }
 
 func fileOwner(t *testing.T, path string) uint32 {
@@ -51,7 +56,7 @@ func fileOwner(t *testing.T, path string) uint32 {
 	return st.Sys().(*syscall.Stat_t).Uid
 }
 
-func TestViewModeSharesOneViewPerMapping(t *testing.T) {
+func TestMappedParentModeSharesOnePerMapping(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 3)
 	a1, err := sn.Prepare(ctx, "a1", top, remap("100000"))
@@ -72,16 +77,16 @@ func TestViewModeSharesOneViewPerMapping(t *testing.T) {
 		}
 		for _, o := range m[0].Options {
 			if strings.HasPrefix(o, "uidmap=") || strings.HasPrefix(o, "gidmap=") {
-				t.Errorf("view mode returned shim idmap option %q", o)
+				t.Errorf("mapped-parent mode returned shim idmap option %q", o)
 			}
 		}
 	}
 	va, vb := filepath.Dir(lowerdirs(t, a1[0])[0]), filepath.Dir(lowerdirs(t, b1[0])[0])
 	if filepath.Dir(lowerdirs(t, a2[0])[0]) != va || va == vb {
-		t.Errorf("same mapping should share a view and different ones not: %s %s", va, vb)
+		t.Errorf("same mapping should share a mapped parent and different ones not: %s %s", va, vb)
 	}
-	if got := viewMounts(t, sn); len(got) != 2 {
-		t.Fatalf("views mounted: %v, want 2", got)
+	if got := mappedMounts(t, sn); len(got) != 2 {
+		t.Fatalf("mapped parents mounted: %v, want 2", got)
 	}
 
 	// Through the overlay, as the shim mounts it, image files owned by 0
@@ -92,7 +97,7 @@ func TestViewModeSharesOneViewPerMapping(t *testing.T) {
 	}
 	defer mount.UnmountAll(target, 0)
 	if uid := fileOwner(t, filepath.Join(target, "f001")); uid != 100000 {
-		t.Errorf("image file owner through the view: %d, want 100000", uid)
+		t.Errorf("image file owner through the mapped parent: %d, want 100000", uid)
 	}
 	if uid := fileOwner(t, target); uid != 100000 {
 		t.Errorf("rootfs owner: %d, want the mapped root 100000", uid)
@@ -110,48 +115,48 @@ func TestViewModeSharesOneViewPerMapping(t *testing.T) {
 		t.Errorf("one-layer view snapshot: %+v, want a bind under %s", v[0], va)
 	}
 
-	// The view goes with its last user.
+	// The mapped parent goes with its last user.
 	for _, key := range []string{"a1", "a2"} {
 		if err := sn.Remove(ctx, key); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := viewMounts(t, sn); len(got) != 2 {
-		t.Errorf("views after removing two of three users of a mapping: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 2 {
+		t.Errorf("mapped parents after removing two of three users of a mapping: %v", got)
 	}
 	if err := sn.Remove(ctx, "v1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || got[0] != vb {
-		t.Errorf("views after removing every user of a mapping: %v, want only %s", got, vb)
+	if got := mappedMounts(t, sn); len(got) != 1 || got[0] != vb {
+		t.Errorf("mapped parents after removing every user of a mapping: %v, want only %s", got, vb)
 	}
-	// Committing the last user of a mapping releases its view too.
+	// Committing the last user of a mapping releases its mapped parent too.
 	if err := sn.Commit(ctx, "b1-committed", "b1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 0 {
-		t.Errorf("views after committing the last user: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("mapped parents after committing the last user: %v", got)
 	}
 }
 
-func TestViewModeRestartAndLazyRecreate(t *testing.T) {
+func TestMappedParentModeRestartAndLazyRecreate(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
 	sn, err := New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sn.Close(); sn.UnmountViews() })
+	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
 	ctx := testContext()
 	top := commitChain(t, sn, ctx, 2)
 	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
 		t.Fatal(err)
 	}
-	// A stale view: mounted, but in use by no snapshot.
+	// A stale mapped parent: mounted, but in use by no snapshot.
 	if _, err := sn.Prepare(ctx, "gone", top, remap("300000")); err != nil {
 		t.Fatal(err)
 	}
-	stale := viewMounts(t, sn)[1]
+	stale := mappedMounts(t, sn)[1]
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -165,48 +170,48 @@ func TestViewModeRestartAndLazyRecreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn2.Close()
-	if got := viewMounts(t, sn); len(got) != 2 {
-		t.Fatalf("shim mode must not touch views: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 2 {
+		t.Fatalf("shim mode must not touch mapped parents: %v", got)
 	}
 
 	sn, err = New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || got[0] == stale {
-		t.Errorf("start did not remove the stale view %s: %v", stale, got)
+	if got := mappedMounts(t, sn); len(got) != 1 || got[0] == stale {
+		t.Errorf("start did not remove the stale mapped parent %s: %v", stale, got)
 	}
-	before := sn.views.Syscalls()
+	before := sn.mapped.Syscalls()
 	if _, err := sn.Mounts(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
-	if n := sn.views.Syscalls() - before; n != 0 {
-		t.Errorf("Mounts after restart made %d mount syscalls; the existing view should be reused", n)
+	if n := sn.mapped.Syscalls() - before; n != 0 {
+		t.Errorf("Mounts after restart made %d mount syscalls; the existing mapped parent should be reused", n)
 	}
-	// Someone unmounts the view: Mounts makes it again.
-	view := viewMounts(t, sn)[0]
+	// Someone unmounts the mapped parent: Mounts makes it again.
+	view := mappedMounts(t, sn)[0]
 	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
-	sn.views.Remove(filepath.Base(view)) // forget what it remembered, as after a restart
-	before = sn.views.Syscalls()
+	sn.mapped.Remove(filepath.Base(view)) // forget what it remembered, as after a restart
+	before = sn.mapped.Syscalls()
 	m, err := sn.Mounts(ctx, "c")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The counter that stayed still above counts: a view made again is
-	// open_tree, mount_setattr and move_mount.
-	if n := sn.views.Syscalls() - before; n != 3 {
-		t.Errorf("Mounts recreating the view made %d mount syscalls, want 3", n)
+	// The counter that stayed still above counts: a mapped parent made again
+	// is open_tree, mount_setattr and move_mount.
+	if n := sn.mapped.Syscalls() - before; n != 3 {
+		t.Errorf("Mounts recreating the mapped parent made %d mount syscalls, want 3", n)
 	}
-	if got := viewMounts(t, sn); len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
-		t.Errorf("view not recreated lazily: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
+		t.Errorf("mapped parent not recreated lazily: %v", got)
 	}
 }
 
-// TestViewMode500Layers mounts a 500-layer remapped chain through a view
-// with containerd's mount code.
-func TestViewMode500Layers(t *testing.T) {
+// TestMappedParentMode500Layers mounts a 500-layer remapped chain through a
+// mapped parent with containerd's mount code.
+func TestMappedParentMode500Layers(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	top := commitChain(t, sn, ctx, 500)
 	m, err := sn.Prepare(ctx, "c", top, remap("100000"))
@@ -214,7 +219,7 @@ func TestViewMode500Layers(t *testing.T) {
 		t.Fatal(err)
 	}
 	data, _ := mountgroup.ShimMountData(m[0], os.Getpagesize())
-	t.Logf("500 remapped layers through a view: %d bytes of mount data", len(data))
+	t.Logf("500 remapped layers through a mapped parent: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(m, target); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,0 @@
-package mountgroup
-
-import "strings"
-
-func splitLines(s string) []string  { return strings.Split(strings.TrimSpace(s), "\n") }
-func splitFields(s string) []string { return strings.Fields(s) }
