@@ -16,6 +16,9 @@ func TestContainerdDir(t *testing.T) {
 	for version, want := range map[string]string{
 		ContainerdV2_4: "/x/.tools/bin",
 		ContainerdV2_0: "/x/.tools/containerd-v2.0.5/bin",
+		ContainerdV2_1: "/x/.tools/containerd-v2.1.4/bin",
+		ContainerdV2_2: "/x/.tools/containerd-v2.2.9/bin",
+		ContainerdV2_3: "/x/.tools/containerd-v2.3.7/bin",
 	} {
 		if got, err := containerdDir(tools, version); err != nil || got != want {
 			t.Errorf("containerdDir(%s) = %q, %v; want %q", version, got, err, want)

@@ -71,8 +71,11 @@ func (s *suite) layerCount(img image) int { return len(s.imgs.tars[img.name]) + 
 // buildOracles unpacks every image into overlayfs sequentially, records its
 // trees (plain and user-namespaced), and checks each against the
 // independent flattening of the image's layers.
-func (s *suite) buildOracles(t *testing.T) {
-	for _, img := range corpus {
+func (s *suite) buildOracles(t *testing.T) { s.buildOraclesOf(t, corpus) }
+
+// buildOraclesOf is buildOracles for the images imgs.
+func (s *suite) buildOraclesOf(t *testing.T, imgs []image) {
+	for _, img := range imgs {
 		t.Run("oracle/"+img.name, func(t *testing.T) {
 			ctx := t.Context()
 			ref, err := s.imgs.ref(ctx, img, "oracle")
@@ -282,9 +285,12 @@ func lastLine(s string) string {
 }
 
 // checkAll runs check for every path and image.
-func (s *suite) checkAll(t *testing.T, paths ...unpackPath) {
+func (s *suite) checkAll(t *testing.T, paths ...unpackPath) { s.checkImages(t, corpus, paths...) }
+
+// checkImages runs check for every path and each of imgs.
+func (s *suite) checkImages(t *testing.T, imgs []image, paths ...unpackPath) {
 	for _, p := range paths {
-		for _, img := range corpus {
+		for _, img := range imgs {
 			if img.oracleFails != "" && p.name == criCreatePath.name {
 				// The path first pulls into overlayfs, which fails: it
 				// never reaches grouped.
