@@ -182,7 +182,7 @@ func testUnpack(t *testing.T, env *harness.Env, res *results.CompatRelease) {
 func writeResults(t *testing.T, elapsed time.Duration) {
 	matrix.Lock()
 	defer matrix.Unlock()
-	out := results.Compat{Seconds: int(elapsed.Seconds())}
+	out := results.Compat{Seconds: int(elapsed.Seconds()), Images: conformance.ReleaseImages}
 	for _, v := range harness.ContainerdVersions {
 		if r := matrix.releases[v]; r != nil {
 			out.Releases = append(out.Releases, *r)

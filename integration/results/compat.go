@@ -15,6 +15,8 @@ const CompatFile = "integration/results/compat.json"
 // every containerd 2.x minor release.
 type Compat struct {
 	Releases []CompatRelease `json:"releases"`
+	// Images are the corpus images of the unpack check.
+	Images []string `json:"images"`
 	// Seconds is how long the whole matrix took (environments, image
 	// builds, pulls and checks; no tool builds).
 	Seconds int `json:"seconds"`
@@ -66,12 +68,12 @@ func RenderCompat(c Compat) (string, error) {
 	}
 	layers := compatLayers(c.Releases[0])
 	var b strings.Builder
-	b.WriteString("| containerd | plain start |")
+	fmt.Fprintf(&b, "| containerd | plain start, %s layers |", joinInts(layers))
 	for _, n := range layers {
 		fmt.Fprintf(&b, " userns, %d %s |", n, plural(n, "layer"))
 	}
 	overlay := c.Releases[0].OverlayfsUserns.Layers
-	fmt.Fprintf(&b, " overlayfs userns, %d %s | unpack paths equal to overlayfs | CRI userns pod | restarts |\n", overlay, plural(overlay, "layer"))
+	fmt.Fprintf(&b, " containerd's overlayfs, userns, %d %s | unpack paths equal to overlayfs | CRI userns pod | restarts |\n", overlay, plural(overlay, "layer"))
 	b.WriteString("|---|---|" + strings.Repeat("---|", len(layers)) + "---|---|---|---|\n")
 	for _, r := range c.Releases {
 		if !slices.Equal(compatLayers(r), layers) || r.OverlayfsUserns.Layers != overlay {
@@ -89,10 +91,11 @@ func RenderCompat(c Compat) (string, error) {
 			ctrMounts = append(ctrMounts, r.Containerd)
 		}
 	}
-	text := "Mount-family syscalls per `ctr run --rm` as in the table above (shim, containerd, ctr, snapshotter; runc's own apart). "
+	text := "Mount-family syscalls per `ctr run --rm` (shim, containerd, ctr and snapshotter; runc's own apart; the same at every layer count and with or without a user namespace wherever one figure stands). "
 	if len(ctrMounts) > 0 {
-		text += fmt.Sprintf("On %s, ctr mounts the new container's rootfs read-only itself (`mount`=1 `umount`=2) before the shim does; later releases do not. ", strings.Join(ctrMounts, " and "))
+		text += fmt.Sprintf("On %s ctr mounts the new container's rootfs read-only itself (`mount`=1 `umount`=2) before the shim does; the other releases do not. ", listing(ctrMounts))
 	}
+	text += fmt.Sprintf("Unpack paths: %s, each with %s, plain and user-namespaced. ", listing(pathNames(c.Releases[0].Unpack)), listing(c.Images))
 	text += fmt.Sprintf("The whole matrix took %s here.", minutes(c.Seconds))
 	return b.String() + "\n" + wrap(text, 75) + "\n", nil
 }
@@ -133,19 +136,44 @@ func cellText(c Cell) string {
 	return strconv.Itoa(c.Syscalls)
 }
 
-// unpackText renders "4 of 4 (ctr-pull, ...)" or the paths that differ.
+// unpackText renders "all 4 (16 trees)" or the paths that differ.
 func unpackText(paths []UnpackPath) string {
-	var names, bad []string
+	var bad []string
+	trees := 0
 	for _, p := range paths {
-		names = append(names, p.Path)
+		trees += p.Compared
 		if p.Equal != p.Compared || p.Compared == 0 {
 			bad = append(bad, fmt.Sprintf("%s %d/%d", p.Path, p.Equal, p.Compared))
 		}
 	}
-	if len(bad) > 0 {
+	if len(bad) > 0 || len(paths) == 0 {
 		return "DIFFERENT: " + strings.Join(bad, ", ")
 	}
-	return fmt.Sprintf("%d of %d (%s)", len(paths), len(paths), strings.Join(names, ", "))
+	return fmt.Sprintf("all %d (%d trees)", len(paths), trees)
+}
+
+func pathNames(paths []UnpackPath) []string {
+	var out []string
+	for _, p := range paths {
+		out = append(out, p.Path)
+	}
+	return out
+}
+
+// listing renders "a", "a and b", "a, b and c".
+func listing(items []string) string {
+	if len(items) <= 1 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " and " + items[len(items)-1]
+}
+
+func joinInts(ns []int) string {
+	var parts []string
+	for _, n := range ns {
+		parts = append(parts, strconv.Itoa(n))
+	}
+	return listing(parts)
 }
 
 func plural(n int, word string) string {
