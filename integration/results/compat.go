@@ -12,14 +12,13 @@ import (
 const CompatFile = "integration/results/compat.json"
 
 // Compat is the compatibility matrix: grouped-snapshotter (view mode) on
-// every containerd 2.x minor release.
+// every containerd 2.x minor release. It holds only what the releases did,
+// no timings, so that a run that finds the same leaves the file (and the
+// README rendered from it) unchanged.
 type Compat struct {
 	Releases []CompatRelease `json:"releases"`
 	// Images are the corpus images of the unpack check.
 	Images []string `json:"images"`
-	// Seconds is how long the whole matrix took (environments, image
-	// builds, pulls and checks; no tool builds).
-	Seconds int `json:"seconds"`
 }
 
 // CompatRelease is what one containerd release did.
@@ -47,8 +46,6 @@ type CompatRelease struct {
 	// snapshotter and of containerd and new ones started, else what went
 	// wrong.
 	Restart string `json:"restart"`
-	// Seconds is how long this release's checks took.
-	Seconds int `json:"seconds"`
 }
 
 // UnpackPath is one unpack path's comparisons (images × plain and user
@@ -95,8 +92,7 @@ func RenderCompat(c Compat) (string, error) {
 	if len(ctrMounts) > 0 {
 		text += fmt.Sprintf("On %s ctr mounts the new container's rootfs read-only itself (`mount`=1 `umount`=2) before the shim does; the other releases do not. ", listing(ctrMounts))
 	}
-	text += fmt.Sprintf("Unpack paths: %s, each with %s, plain and user-namespaced. ", listing(pathNames(c.Releases[0].Unpack)), listing(c.Images))
-	text += fmt.Sprintf("The whole matrix took %s here.", minutes(c.Seconds))
+	text += fmt.Sprintf("Unpack paths: %s, each with %s, plain and user-namespaced.", listing(pathNames(c.Releases[0].Unpack)), listing(c.Images))
 	return b.String() + "\n" + wrap(text, 75) + "\n", nil
 }
 
@@ -181,8 +177,4 @@ func plural(n int, word string) string {
 		return word
 	}
 	return word + "s"
-}
-
-func minutes(seconds int) string {
-	return fmt.Sprintf("%dm%02ds", seconds/60, seconds%60)
 }
