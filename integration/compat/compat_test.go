@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,7 @@ func TestCompat(t *testing.T) {
 // testRelease runs every check on one release and records what it found.
 func testRelease(t *testing.T, version string) {
 	t0 := time.Now()
-	env := startEnv(t, version)
+	env := startEnv(t, conformance.ReleaseOptions(version))
 	res := &results.CompatRelease{Containerd: version}
 	refs := pullImages(t, env)
 	t.Run("starts", func(t *testing.T) { testStarts(t, env, refs, res) })
@@ -88,12 +89,12 @@ func outcome(passed bool) string {
 	return "FAILS"
 }
 
-// startEnv starts release version's Env for t (conformance.ReleaseOptions,
-// grouped in view mode) and closes it when t ends; Close must leave no
-// mount behind.
-func startEnv(t *testing.T, version string) *harness.Env {
+// startEnv starts an Env of opts (a conformance.ReleaseOptions or
+// ParallelOptions) for t with grouped in view mode, and closes it when t
+// ends; Close must leave no mount behind.
+func startEnv(t *testing.T, opts harness.Options) *harness.Env {
 	t.Helper()
-	opts := conformance.ReleaseOptions(version)
+	version := opts.Containerd
 	opts.IDMap = "view"
 	opts.Logf = func(format string, args ...any) {
 		if testing.Verbose() {
@@ -154,11 +155,22 @@ func pullImages(t *testing.T, env *harness.Env) map[int]string {
 }
 
 // testUnpack runs the differential image-contents check of a corpus subset
-// through every unpack path the release has and records, per path, how
-// many trees equalled overlayfs's.
+// through every unpack path the release has, from v2.2 on also through a
+// transfer service that unpacks 4 layers at a time (on an Env of its own),
+// and records, per path, how many trees equalled overlayfs's.
 func testUnpack(t *testing.T, env *harness.Env, res *results.CompatRelease) {
-	outcomes := conformance.CheckRelease(t, env, "compat "+env.ContainerdVersion, conformance.ReleaseImages, conformance.ReleasePaths)
-	for _, path := range conformance.ReleasePaths {
+	version := env.ContainerdVersion
+	check := conformance.NewReleaseCheck(t, env, "compat "+version, conformance.ReleaseImages)
+	paths := conformance.ReleasePaths
+	outcomes := check.Paths(t, paths)
+	if harness.ReleaseAtLeast(version, conformance.ParallelSince) {
+		paths = append(slices.Clip(paths), conformance.ParallelPaths...)
+		t.Run("max_concurrent_unpacks=4", func(t *testing.T) {
+			penv := startEnv(t, conformance.ParallelOptions(version))
+			outcomes = append(outcomes, check.Parallel(t, penv, "compat "+version+" max_concurrent_unpacks=4")...)
+		})
+	}
+	for _, path := range paths {
 		p := results.UnpackPath{Path: path}
 		for _, o := range outcomes {
 			if o.Path != path {

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -56,22 +57,65 @@ type Outcome struct {
 // the oracle's.
 func (o Outcome) Equal() bool { return o.Result == "equal" || o.Result == "both fail" }
 
-// CheckRelease builds the oracle trees of images on env (started with
-// ReleaseOptions) and checks each image through each of paths, as subtests
-// of t. It returns every comparison made, oracle checks left out; config
-// labels them (and must be unique in the test binary).
-func CheckRelease(t *testing.T, env *harness.Env, config string, images, paths []string) []Outcome {
+// ReleaseCheck is the oracle trees of a few corpus images on one release,
+// built once and compared with grouped's trees through each unpack path,
+// on the Env they were built on and on others of the same release.
+type ReleaseCheck struct {
+	suite  *suite
+	images []image
+}
+
+// NewReleaseCheck builds the oracle trees of images on env (started with
+// ReleaseOptions), as a subtest "oracle" of t; config labels the
+// comparisons (and must be unique in the test binary).
+func NewReleaseCheck(t *testing.T, env *harness.Env, config string, images []string) *ReleaseCheck {
 	imgs, err := corpusImages(images)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps, err := releasePaths(paths)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := newSuite(env, config)
 	t.Run("oracle", func(t *testing.T) { s.buildOraclesOf(t, imgs) })
-	s.checkImages(t, imgs, ps...)
+	return &ReleaseCheck{suite: s, images: imgs}
+}
+
+// Paths checks every image through each of paths (see ReleasePaths), as
+// subtests of t, and returns the comparisons made.
+func (r *ReleaseCheck) Paths(t *testing.T, paths []string) []Outcome {
+	ps, err := releasePaths(paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.suite.checkImages(t, r.images, ps...)
+	return outcomes(r.suite.config)
+}
+
+// ParallelSince is the first release whose transfer service unpacks layers
+// in parallel (max_concurrent_unpacks) for snapshotters that declare
+// rebase.
+const ParallelSince = harness.ContainerdV2_2
+
+// ParallelPaths are the paths Parallel checks: ctr pull and crictl pull
+// through a transfer service with max_concurrent_unpacks = 4.
+var ParallelPaths = []string{"ctr-pull-mcu4", "crictl-pull-mcu4"}
+
+// ParallelOptions are the Options of an Env for Parallel on release
+// version: CRI on, and the transfer service unpacking up to 4 layers at a
+// time (into grouped and into overlayfs).
+func ParallelOptions(version string) harness.Options {
+	return harness.Options{Containerd: version, CRI: true, ContainerdConfig: parallelUnpack + overlayUnpackConfig}
+}
+
+// Parallel checks ParallelPaths on env (started with ParallelOptions on
+// the same release) against the sequential oracle trees, as subtests of t,
+// and returns the comparisons made; config labels them. A control first
+// proves that env really unpacks in parallel: overlayfs, which declares
+// rebase, must lose a parent directory's owner there.
+func (r *ReleaseCheck) Parallel(t *testing.T, env *harness.Env, config string) []Outcome {
+	s := newSuite(env, config)
+	maps.Copy(s.oracles, r.suite.oracles)
+	maps.Copy(s.oracleErrs, r.suite.oracleErrs)
+	t.Run("control", s.parallelOverlayfsDiffers)
+	s.checkImages(t, r.images, ctrPath(ParallelPaths[0]), crictlPath(ParallelPaths[1]))
 	return outcomes(config)
 }
 
@@ -115,7 +159,7 @@ func outcomes(config string) []Outcome {
 	defer matrix.Unlock()
 	var out []Outcome
 	for _, r := range matrix.rows {
-		if r.config != config || strings.HasPrefix(r.path, "oracle") {
+		if r.config != config || strings.HasPrefix(r.path, "oracle") || strings.HasPrefix(r.path, "control") {
 			continue
 		}
 		out = append(out, Outcome{Image: r.image, Path: r.path, Userns: r.userns, Result: r.outcome, Entries: r.entries, Diffs: r.diffs})

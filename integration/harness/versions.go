@@ -111,9 +111,9 @@ func (e *Env) useContainerd(ctx context.Context, version string) error {
 	return nil
 }
 
-// releaseAtLeast reports whether version is min or a later release of
+// ReleaseAtLeast reports whether version is min or a later release of
 // ContainerdVersions.
-func releaseAtLeast(version, min string) bool {
+func ReleaseAtLeast(version, min string) bool {
 	return slices.Index(ContainerdVersions, version) >= slices.Index(ContainerdVersions, min)
 }
 
@@ -121,13 +121,13 @@ func releaseAtLeast(version, min string) bool {
 // socket_dir (added in 2.3). Without it shims put their sockets in
 // /run/containerd/s, named by a hash of containerd's address, namespace and
 // id, and remove them when they exit.
-func shimSocketDirSupported(version string) bool { return releaseAtLeast(version, ContainerdV2_3) }
+func shimSocketDirSupported(version string) bool { return ReleaseAtLeast(version, ContainerdV2_3) }
 
 // serverPluginsSupported reports whether version configures its gRPC and
 // ttrpc sockets through the io.containerd.server.v1 plugins (2.3 and
 // later); older releases read only the top-level [grpc] and [ttrpc]
 // sections and otherwise serve on /run/containerd/containerd.sock.
-func serverPluginsSupported(version string) bool { return releaseAtLeast(version, ContainerdV2_3) }
+func serverPluginsSupported(version string) bool { return ReleaseAtLeast(version, ContainerdV2_3) }
 
 // writeSnapshotterConfig writes the daemon's config file: empty, so that a
 // host's /etc/grouped-snapshotter/config.toml cannot leak into the tests,

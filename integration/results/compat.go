@@ -92,7 +92,7 @@ func RenderCompat(c Compat) (string, error) {
 	if len(ctrMounts) > 0 {
 		text += fmt.Sprintf("On %s ctr mounts the new container's rootfs read-only itself (`mount`=1 `umount`=2) before the shim does; the other releases do not. ", listing(ctrMounts))
 	}
-	text += fmt.Sprintf("Unpack paths: %s, each with %s, plain and user-namespaced.", listing(pathNames(c.Releases[0].Unpack)), listing(c.Images))
+	text += fmt.Sprintf("Unpack paths, each with %s, plain and user-namespaced: %s.", listing(c.Images), pathReleases(c.Releases))
 	return b.String() + "\n" + wrap(text, 75) + "\n", nil
 }
 
@@ -148,12 +148,37 @@ func unpackText(paths []UnpackPath) string {
 	return fmt.Sprintf("all %d (%d trees)", len(paths), trees)
 }
 
-func pathNames(paths []UnpackPath) []string {
-	var out []string
-	for _, p := range paths {
-		out = append(out, p.Path)
+// pathReleases renders which releases each unpack path ran on: "a and b
+// on every release; c on v2.2.9 and v2.4.2", paths in first-seen order.
+func pathReleases(releases []CompatRelease) string {
+	var paths []string
+	on := map[string][]string{}
+	for _, r := range releases {
+		for _, p := range r.Unpack {
+			if !slices.Contains(paths, p.Path) {
+				paths = append(paths, p.Path)
+			}
+			on[p.Path] = append(on[p.Path], r.Containerd)
+		}
 	}
-	return out
+	var groups []string
+	byReleases := map[string][]string{}
+	for _, p := range paths {
+		key := strings.Join(on[p], " ")
+		if _, seen := byReleases[key]; !seen {
+			groups = append(groups, key)
+		}
+		byReleases[key] = append(byReleases[key], p)
+	}
+	var parts []string
+	for _, key := range groups {
+		where := "on " + listing(strings.Fields(key))
+		if len(strings.Fields(key)) == len(releases) {
+			where = "on every release"
+		}
+		parts = append(parts, listing(byReleases[key])+" "+where)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // listing renders "a", "a and b", "a, b and c".

@@ -142,7 +142,7 @@ func TestRenderCompat(t *testing.T) {
 			CtrMountsRootfs: true, Unpack: paths, CRI: "ok", Restart: "ok"},
 		{Containerd: "v2.4.2", Plain: []Cell{{Layers: 1, Syscalls: 3}, {Layers: 50, Syscalls: 4}, {Layers: 400, Failed: true}},
 			Userns: flat(3), OverlayfsUserns: Cell{Layers: 50, Syscalls: 8},
-			Unpack: []UnpackPath{{Path: "ctr-pull", Equal: 3, Compared: 4}}, CRI: "FAILS", Restart: "ok"},
+			Unpack: []UnpackPath{{Path: "ctr-pull", Equal: 3, Compared: 4}, {Path: "nerdctl-pull", Equal: 4, Compared: 4}, {Path: "ctr-pull-mcu4", Equal: 4, Compared: 4}}, CRI: "FAILS", Restart: "ok"},
 	}}
 	got, err := RenderCompat(c)
 	if err != nil {
@@ -157,7 +157,7 @@ func TestRenderCompat(t *testing.T) {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
 	flatText := strings.Join(strings.Fields(got), " ")
-	for _, s := range []string{"On v2.0.5 ctr mounts", "ctr-pull and nerdctl-pull, each with whiteouts and attrs"} {
+	for _, s := range []string{"On v2.0.5 ctr mounts", "each with whiteouts and attrs, plain and user-namespaced: ctr-pull and nerdctl-pull on every release; ctr-pull-mcu4 on v2.4.2."} {
 		if !strings.Contains(flatText, s) {
 			t.Errorf("no %q in:\n%s", s, got)
 		}
