@@ -29,7 +29,7 @@ var ReleaseImages = []string{"whiteouts", "attrs"}
 // nerdctl's client-side unpack.
 var ReleasePaths = []string{"ctr-pull", "crictl-pull", criCreatePath.name, nerdctlPath.name}
 
-// ReleaseOptions are the Options of an Env that CheckRelease can use on
+// ReleaseOptions are the Options of an Env that NewReleaseCheck can use on
 // containerd release version: CRI on, with the runtime handlers of the
 // cri-create path, and the transfer service unpacking into overlayfs too
 // (the oracle), sequentially.
