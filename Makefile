@@ -10,14 +10,15 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration vet fuzz clean bench bench-quick bench-readme install uninstall readme-tables
+.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-readme install uninstall readme-tables
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grouped-snapshotter ./cmd/grouped-snapshotter
 
-# Pinned containerd, runc and crane, built from the Go module proxy.
+# Pinned containerd (every 2.x minor release), runc, crane, crictl, CNI
+# plugins and nerdctl, built from the Go module proxy.
 tools:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
 
@@ -54,7 +55,8 @@ vet:
 # Rewrites the README's measured figures (between its BEGIN/END markers)
 # from the results files the integration tests write and that are
 # committed: integration/results/mount-syscalls.json (integration's
-# TestMountgroup) and integration/k8s/results/latest.json (integration/k8s).
+# TestMountgroup), integration/results/compat.json (integration/compat)
+# and integration/k8s/results/latest.json (integration/k8s).
 # integration/cmd/readme-tables's test fails while the README is stale.
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..
@@ -78,6 +80,12 @@ test-unit: vet
 
 test-integration: tools tools-k8s
 	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./integration/...
+
+# The compatibility matrix alone (also part of `make test`): grouped on
+# every containerd 2.x minor release, v2.0.5 to v2.4.2; writes
+# integration/results/compat.json.
+test-compat: tools
+	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/compat/
 
 # Install on this node as a systemd service and register it with containerd
 # (HOST_ROOT=/some/dir installs files only, into that tree). Idempotent.

@@ -37,8 +37,10 @@ build() {
 		return 0
 	fi
 	echo "install-tools: building $name $version"
-	mkdir -p "$BIN/${GOBIN_SUB:-}"
-	GOBIN="$BIN/${GOBIN_SUB:-}" GOFLAGS=-buildvcs=false CGO_ENABLED=${CGO:-1} go install ${tags:+-tags "$tags"} "$@"
+	# OUT_DIR overrides the directory; GOBIN_SUB names one under $BIN.
+	local out=${OUT_DIR:-$BIN/${GOBIN_SUB:-}}
+	mkdir -p "$out"
+	GOBIN="$out" GOFLAGS=-buildvcs=false CGO_ENABLED=${CGO:-1} go install ${tags:+-tags "$tags"} "$@"
 	echo "$version" >"$TOOLS_DIR/stamps/$name"
 }
 
@@ -82,6 +84,24 @@ build_module() {
 build_module containerd-old github.com/containerd/containerd/v2 "$CONTAINERD_OLD_VERSION" \
 	"$TOOLS_DIR/containerd-$CONTAINERD_OLD_VERSION/bin" no_btrfs \
 	./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2
+
+# The compatibility matrix (integration/compat) runs every containerd 2.x
+# minor release; each goes to $TOOLS_DIR/containerd-<version>/bin. v2.1.4 is
+# the last 2.1 release before containerd idmapped once per mount; like
+# v2.0.5 its go.mod has directives `go install` refuses. v2.2.9 and v2.3.7,
+# the newest patches of their minors on the module proxy, install plainly.
+CONTAINERD_V21_VERSION=${CONTAINERD_V21_VERSION:-v2.1.4}
+CONTAINERD_V22_VERSION=${CONTAINERD_V22_VERSION:-v2.2.9}
+CONTAINERD_V23_VERSION=${CONTAINERD_V23_VERSION:-v2.3.7}
+build_module containerd-v2.1 github.com/containerd/containerd/v2 "$CONTAINERD_V21_VERSION" \
+	"$TOOLS_DIR/containerd-$CONTAINERD_V21_VERSION/bin" no_btrfs \
+	./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2
+for v in "$CONTAINERD_V22_VERSION" "$CONTAINERD_V23_VERSION"; do
+	OUT_DIR=$TOOLS_DIR/containerd-$v/bin build "containerd-${v%.*}" "$v" no_btrfs \
+		"github.com/containerd/containerd/v2/cmd/containerd@$v" \
+		"github.com/containerd/containerd/v2/cmd/ctr@$v" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$v"
+done
 # nerdctl's module refers to a sibling module (tigron) only its repository
 # has, and one test helper needs it: stub the module, drop the helper.
 PREPARE='mkdir -p mod/tigron && printf "module github.com/containerd/nerdctl/mod/tigron\n\ngo 1.24\n" >mod/tigron/go.mod && rm -f cmd/nerdctl/helpers/testing_linux.go' \

@@ -1,18 +1,13 @@
 package integration
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
@@ -38,37 +33,17 @@ func (c startCount) cell() string {
 }
 
 // traceStart runs one `ctr run --rm` of ref with snapshotter and extra flags
-// and counts the mount-family syscalls of the test binary, containerd, the
-// snapshotter daemon and everything they fork meanwhile (ctr, shims, runc),
-// up to the exit of the container's shim and a garbage collection of
-// containerd. The collections around the start keep the window exact:
-// the one before it removes the previous starts' snapshots (containerd
-// removes them from the snapshotter in its background collection, which
-// may otherwise run in any later window), the one inside it removes this
-// start's (and with it, for the only user of a mapping, its view).
+// and counts its mount-family syscalls (harness.Env.TraceRun): those of
+// the test binary, containerd, the snapshotter daemon and everything they
+// fork meanwhile, between garbage collections of containerd that keep the
+// window exact.
 func traceStart(t *testing.T, env *harness.Env, snapshotter, ref string, extra []string) startCount {
 	t.Helper()
-	if err := env.CollectGarbage(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := harness.StartMountTrace(os.Getpid(), env.Containerd.PID(), env.Snapshotter.PID())
+	c, err := env.TraceRun(t.Context(), snapshotter, ref, containerID("mg-trace"), extra)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := containerID("mg-trace")
-	args := append([]string{"run", "--rm", "--snapshotter", snapshotter}, extra...)
-	_, runErr := env.Ctr(t.Context(), append(args, ref, id, "true")...)
-	if runErr != nil {
-		// A failed start may leave its container behind.
-		_ = env.RemoveContainer(context.Background(), id)
-	}
-	waitShimGone(t, env, id)
-	gcErr := env.CollectGarbage(t.Context())
-	counts, err := tr.Stop()
-	if err := errors.Join(err, gcErr); err != nil {
-		t.Fatal(err)
-	}
-	return startCount{snapshot: counts.SnapshotSide(), runc: counts.Runc(), err: runErr}
+	return startCount{snapshot: c.Snapshot, runc: c.Runc, err: c.Err}
 }
 
 // startMinimums are the calls a traced `ctr run --rm` on release cannot do
@@ -105,41 +80,6 @@ func (c startCount) check(t *testing.T, release, what string) {
 	if err := all.AtLeast(startMinimums(release, c.err == nil)); err != nil {
 		t.Errorf("%s: %v", what, err)
 	}
-}
-
-// waitShimGone waits until the shim of container id has exited, so that
-// its last unmounts are inside the trace.
-func waitShimGone(t *testing.T, env *harness.Env, id string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if !shimRunning(env, id) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("the shim of %s is still running 15s after the container was removed", id)
-}
-
-// shimRunning reports whether a shim serving container id of env's
-// containerd is alive (zombies awaiting their parent count as gone).
-func shimRunning(env *harness.Env, id string) bool {
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, p := range procs {
-		data, err := os.ReadFile(filepath.Join(p, "cmdline"))
-		if err != nil {
-			continue
-		}
-		argv := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(argv[0]), "containerd-shim") ||
-			!slices.Contains(argv, env.Containerd.Address) {
-			continue
-		}
-		if i := slices.Index(argv, "-id"); i >= 0 && i+1 < len(argv) && argv[i+1] == id {
-			return true
-		}
-	}
-	return false
 }
 
 // testMountgroupSyscalls counts the mount-family syscalls of container

@@ -196,35 +196,3 @@ func (s *suite) checkAgainstFlattened(t *testing.T, p unpackPath, ref string) (i
 func isMissing(err error) bool {
 	return strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "no such image")
 }
-
-// parallelOverlayfsDiffers is the control of the parallel-unpack Env: the
-// config really unpacks in parallel, and the comparison sees what that
-// breaks. overlayfs (which declares rebase) unpacks the whiteouts image
-// side by side there, and its tree must differ from the sequential one at
-// deep/, whose owner and mode a parentless upper layer cannot know.
-func (s *suite) parallelOverlayfsDiffers(t *testing.T) {
-	ctx := t.Context()
-	img := corpus[0]
-	ref, err := s.imgs.ref(ctx, img, "control")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := oraclePath.unpack(ctx, s.env, ref); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = oraclePath.remove(context.Background(), s.env, ref) })
-	got, err := oraclePath.run(ctx, s.env, ref, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	diffs, n := manifest.Compare(s.oracles[oracleKey(img.name, false)], got, "overlayfs sequential", "overlayfs parallel", maxDiffs, saltedPaths...)
-	r := result{config: s.config, image: img.name, path: "control: overlayfs parallel (not an oracle)", diffs: n,
-		outcome: "differs, as expected", detail: strings.Join(diffs, "\n")}
-	if !slices.ContainsFunc(diffs, func(d string) bool { return strings.Contains(d, `"/deep" dir 0700 1000:1000`) }) {
-		r.outcome = "NO DIFFERENCE AT /deep"
-		t.Errorf("overlayfs unpacked in parallel should lose /deep's owner and mode; the differences were:\n%s", r.detail)
-	} else {
-		t.Logf("overlayfs in parallel differs from its sequential tree, as expected:\n%s", r.detail)
-	}
-	record(r)
-}

@@ -47,7 +47,7 @@ type configParams struct {
 	// (DiffProxyName), as the installer does.
 	diffProxy      bool
 	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
-	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd 2.0 reads them
+	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd before 2.3 reads them
 	containerdRoot string
 	state          string
 	address        string
@@ -93,8 +93,8 @@ func renderConfig(p configParams) string {
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.grpc']\n  address = %s\n\n", q(p.address))
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.ttrpc']\n  address = %s\n\n", q(p.address+".ttrpc"))
 	if p.grpcTopLevel {
-		// containerd 2.0 has no server plugins: without these it would
-		// serve on /run/containerd/containerd.sock.
+		// containerd before 2.3 has no server plugins: without these it
+		// would serve on /run/containerd/containerd.sock.
 		fmt.Fprintf(&b, "[grpc]\n  address = %s\n\n[ttrpc]\n  address = %s\n\n", q(p.address), q(p.address+".ttrpc"))
 	}
 	if p.proxyAddress != "" {

@@ -39,8 +39,8 @@ type Options struct {
 	TempRoot string
 	// Logf, if set, receives one line per setup and teardown step.
 	Logf func(format string, args ...any)
-	// Containerd is the containerd release to run: ContainerdV2_4
-	// (default) or ContainerdV2_0.
+	// Containerd is the containerd release to run, one of
+	// ContainerdVersions; default ContainerdV2_4.
 	Containerd string
 	// IDMap is the grouped-snapshotter daemon's idmap mode, "view" or
 	// "shim"; empty keeps the daemon's default (view).
@@ -287,7 +287,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if sock := filepath.Join(e.Dir, "s"); len(sock) <= 42 && shimSocketDirSupported(e.ContainerdVersion) {
 		p.shimSocketDir = sock
 	}
-	p.grpcTopLevel = e.ContainerdVersion == ContainerdV2_0
+	p.grpcTopLevel = !serverPluginsSupported(e.ContainerdVersion)
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 		p.capabilities = e.capabilities

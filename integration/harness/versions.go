@@ -20,14 +20,27 @@ const (
 	// ContainerdV2_4 is containerd v2.4.2 from the tools directory
 	// (.tools/bin): the default.
 	ContainerdV2_4 = "v2.4.2"
-	// ContainerdV2_0 is containerd v2.0.5 (its containerd, ctr and
-	// containerd-shim-runc-v2) from <tools dir>/../containerd-v2.0.5/bin: a
-	// release whose shim still makes one idmapped mount per layer.
+	// ContainerdV2_3 is containerd v2.3.7, the newest 2.3 patch on the
+	// module proxy (EROFS idmap; internal/fsview reads an image's
+	// /etc/passwd straight from its mount specs).
+	ContainerdV2_3 = "v2.3.7"
+	// ContainerdV2_2 is containerd v2.2.9, the newest 2.2 patch on the
+	// module proxy (the mount manager; parallel unpack for snapshotters
+	// that declare rebase).
+	ContainerdV2_2 = "v2.2.9"
+	// ContainerdV2_1 is containerd v2.1.4: the last 2.1 release whose shim
+	// makes one idmapped mount per layer (fixed in 2.1.5).
+	ContainerdV2_1 = "v2.1.4"
+	// ContainerdV2_0 is containerd v2.0.5: a release whose shim still makes
+	// one idmapped mount per layer.
 	ContainerdV2_0 = "v2.0.5"
 )
 
-// ContainerdVersions lists the containerd releases the harness supports.
-var ContainerdVersions = []string{ContainerdV2_4, ContainerdV2_0}
+// ContainerdVersions lists the containerd releases the harness supports,
+// oldest first: one per 2.x minor release. Every release but the default
+// runs from <tools dir>/../containerd-<version>/bin (hack/install-tools.sh
+// builds them all).
+var ContainerdVersions = []string{ContainerdV2_0, ContainerdV2_1, ContainerdV2_2, ContainerdV2_3, ContainerdV2_4}
 
 // optionalTools are the tools directory's entries only some Envs use.
 var optionalTools = []string{"crictl", "nerdctl", "cni"}
@@ -38,10 +51,10 @@ var containerdBinaries = []string{"containerd", "ctr", "containerd-shim-runc-v2"
 // containerdDir returns the directory holding version's containerd
 // binaries.
 func containerdDir(tools Tools, version string) (string, error) {
-	switch version {
-	case ContainerdV2_4:
+	switch {
+	case version == ContainerdV2_4:
 		return tools.Dir, nil
-	case ContainerdV2_0:
+	case slices.Contains(ContainerdVersions, version):
 		return filepath.Join(filepath.Dir(tools.Dir), "containerd-"+version, "bin"), nil
 	}
 	return "", fmt.Errorf("unknown containerd version %q (want one of %s)", version, strings.Join(ContainerdVersions, ", "))
@@ -98,11 +111,23 @@ func (e *Env) useContainerd(ctx context.Context, version string) error {
 	return nil
 }
 
+// ReleaseAtLeast reports whether version is min or a later release of
+// ContainerdVersions.
+func ReleaseAtLeast(version, min string) bool {
+	return slices.Index(ContainerdVersions, version) >= slices.Index(ContainerdVersions, min)
+}
+
 // shimSocketDirSupported reports whether version's shim manager accepts
-// socket_dir (added after 2.0). Without it shims put their sockets in
+// socket_dir (added in 2.3). Without it shims put their sockets in
 // /run/containerd/s, named by a hash of containerd's address, namespace and
 // id, and remove them when they exit.
-func shimSocketDirSupported(version string) bool { return version != ContainerdV2_0 }
+func shimSocketDirSupported(version string) bool { return ReleaseAtLeast(version, ContainerdV2_3) }
+
+// serverPluginsSupported reports whether version configures its gRPC and
+// ttrpc sockets through the io.containerd.server.v1 plugins (2.3 and
+// later); older releases read only the top-level [grpc] and [ttrpc]
+// sections and otherwise serve on /run/containerd/containerd.sock.
+func serverPluginsSupported(version string) bool { return ReleaseAtLeast(version, ContainerdV2_3) }
 
 // writeSnapshotterConfig writes the daemon's config file: so that a host's
 // /etc/grouped-snapshotter/config.toml cannot leak into the tests, it holds

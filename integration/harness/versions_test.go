@@ -16,6 +16,9 @@ func TestContainerdDir(t *testing.T) {
 	for version, want := range map[string]string{
 		ContainerdV2_4: "/x/.tools/bin",
 		ContainerdV2_0: "/x/.tools/containerd-v2.0.5/bin",
+		ContainerdV2_1: "/x/.tools/containerd-v2.1.4/bin",
+		ContainerdV2_2: "/x/.tools/containerd-v2.2.9/bin",
+		ContainerdV2_3: "/x/.tools/containerd-v2.3.7/bin",
 	} {
 		if got, err := containerdDir(tools, version); err != nil || got != want {
 			t.Errorf("containerdDir(%s) = %q, %v; want %q", version, got, err, want)
@@ -94,5 +97,24 @@ func TestContainerdV2_0(t *testing.T) {
 	}
 	if _, err := os.Stat(env.Dir); !os.IsNotExist(err) {
 		t.Errorf("%s still exists (%v)", env.Dir, err)
+	}
+}
+
+// TestReleaseQuirks pins which releases take the 2.3+ config forms: the
+// io.containerd.server.v1 socket plugins and the shim manager's socket_dir
+// (checked against each release's source; an older release given them
+// serves on /run/containerd/containerd.sock instead).
+func TestReleaseQuirks(t *testing.T) {
+	for _, v := range ContainerdVersions {
+		modern := v == ContainerdV2_3 || v == ContainerdV2_4
+		if got := serverPluginsSupported(v); got != modern {
+			t.Errorf("serverPluginsSupported(%s) = %v, want %v", v, got, modern)
+		}
+		if got := shimSocketDirSupported(v); got != modern {
+			t.Errorf("shimSocketDirSupported(%s) = %v, want %v", v, got, modern)
+		}
+	}
+	if got := ContainerdVersions; got[0] != ContainerdV2_0 || got[len(got)-1] != ContainerdV2_4 {
+		t.Errorf("ContainerdVersions %v: want oldest first, v2.0.5 to v2.4.2", got)
 	}
 }

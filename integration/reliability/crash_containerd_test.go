@@ -125,6 +125,14 @@ func TestSnapshotterKilledUnderUsernsContainers(t *testing.T) {
 	if err := env.Snapshotter.Start(ctx); err != nil {
 		t.Fatalf("restart the snapshotter after SIGKILL: %v", err)
 	}
+	// containerd's connection to the daemon may sit in gRPC's reconnect
+	// backoff after the kill (a call in between met the dead socket), and
+	// fail fast with "connection refused" for a second or so: wait until
+	// containerd reaches the new daemon before checking through it.
+	harness.Eventually(t, 30*time.Second, func() error {
+		_, err := env.Snapshots(ctx)
+		return err
+	})
 	if !raceDone {
 		raceErr = <-raced
 	}

@@ -2,7 +2,8 @@
 // commit, and renders the README's sections from them: the tests write
 // the files (integration/results/mount-syscalls.json from
 // integration.TestMountgroup, integration/k8s/results/latest.json from
-// k8s.TestDaemonSet), `make readme-tables` (integration/cmd/readme-tables)
+// k8s.TestDaemonSet, integration/results/compat.json from
+// compat.TestCompat), `make readme-tables` (integration/cmd/readme-tables)
 // rewrites the README between its markers, and that command's test fails
 // when the README differs from what the committed files give.
 package results
@@ -368,7 +369,15 @@ func Sections(root string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", PodStartsFile, err)
 	}
-	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods}, nil
+	var c Compat
+	if err := Read(root+"/"+CompatFile, &c); err != nil {
+		return nil, err
+	}
+	compat, err := RenderCompat(c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CompatFile, err)
+	}
+	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat}, nil
 }
 
 // RenderREADME returns readme with every generated section replaced.

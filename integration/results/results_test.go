@@ -131,3 +131,42 @@ func TestWrite(t *testing.T) {
 		t.Error("an unknown field was accepted")
 	}
 }
+
+func TestRenderCompat(t *testing.T) {
+	flat := func(n int) []Cell {
+		return []Cell{{Layers: 1, Syscalls: n}, {Layers: 50, Syscalls: n}, {Layers: 400, Syscalls: n}}
+	}
+	paths := []UnpackPath{{Path: "ctr-pull", Equal: 4, Compared: 4}, {Path: "nerdctl-pull", Equal: 4, Compared: 4}}
+	c := Compat{Images: []string{"whiteouts", "attrs"}, Releases: []CompatRelease{
+		{Containerd: "v2.0.5", Plain: flat(6), Userns: flat(6), OverlayfsUserns: Cell{Layers: 50, Syscalls: 410},
+			CtrMountsRootfs: true, Unpack: paths, CRI: "ok", Restart: "ok"},
+		{Containerd: "v2.4.2", Plain: []Cell{{Layers: 1, Syscalls: 3}, {Layers: 50, Syscalls: 4}, {Layers: 400, Failed: true}},
+			Userns: flat(3), OverlayfsUserns: Cell{Layers: 50, Syscalls: 8},
+			Unpack: []UnpackPath{{Path: "ctr-pull", Equal: 3, Compared: 4}, {Path: "nerdctl-pull", Equal: 4, Compared: 4}, {Path: "ctr-pull-mcu4", Equal: 4, Compared: 4}}, CRI: "FAILS", Restart: "ok"},
+	}}
+	got, err := RenderCompat(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `| containerd | plain start, 1, 50 and 400 layers | userns, 1 layer | userns, 50 layers | userns, 400 layers | containerd's overlayfs, userns, 50 layers | unpack paths equal to overlayfs | CRI userns pod | restarts |
+|---|---|---|---|---|---|---|---|---|
+| v2.0.5 | 6 | 6 | 6 | 6 | 410 | all 2 (8 trees) | ok | ok |
+| v2.4.2 | 3 at 1, 4 at 50, fails at 400 | 3 | 3 | 3 | 8 | DIFFERENT: ctr-pull 3/4 | FAILS | ok |
+`
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+	flatText := strings.Join(strings.Fields(got), " ")
+	for _, s := range []string{"On v2.0.5 ctr mounts", "each with whiteouts and attrs, plain and user-namespaced: ctr-pull and nerdctl-pull on every release; ctr-pull-mcu4 on v2.4.2."} {
+		if !strings.Contains(flatText, s) {
+			t.Errorf("no %q in:\n%s", s, got)
+		}
+	}
+	c.Releases[1].Userns = flat(3)[:2]
+	if _, err := RenderCompat(c); err == nil {
+		t.Error("rendered releases measured at different layer counts")
+	}
+	if _, err := RenderCompat(Compat{}); err == nil {
+		t.Error("rendered an empty matrix")
+	}
+}

@@ -36,7 +36,7 @@ func TestREADMECurrent(t *testing.T) {
 // the README is kept, and -check then passes.
 func TestRunRewrites(t *testing.T) {
 	root := t.TempDir()
-	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile} {
+	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile} {
 		data, err := os.ReadFile(filepath.Join("..", "..", "..", f))
 		if err != nil {
 			t.Fatal(err)
@@ -48,7 +48,7 @@ func TestRunRewrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n"
+	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\n<!-- BEGIN compat -->\n<!-- END compat -->\nafter\n"
 	path := filepath.Join(root, "README.md")
 	if err := os.WriteFile(path, []byte(readme), 0o644); err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestRunRewrites(t *testing.T) {
 	}
 	data, _ := os.ReadFile(path)
 	got := string(data)
-	for _, want := range []string{"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false"} {
+	for _, want := range []string{"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END compat -->\nafter\n", "hostUsers: false", "| containerd | plain start, "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("rewritten README lacks %q:\n%s", want, got)
 		}

@@ -71,8 +71,11 @@ func (s *suite) layerCount(img image) int { return len(s.imgs.tars[img.name]) + 
 // buildOracles unpacks every image into overlayfs sequentially, records its
 // trees (plain and user-namespaced), and checks each against the
 // independent flattening of the image's layers.
-func (s *suite) buildOracles(t *testing.T) {
-	for _, img := range corpus {
+func (s *suite) buildOracles(t *testing.T) { s.buildOraclesOf(t, corpus) }
+
+// buildOraclesOf is buildOracles for the images imgs.
+func (s *suite) buildOraclesOf(t *testing.T, imgs []image) {
+	for _, img := range imgs {
 		t.Run("oracle/"+img.name, func(t *testing.T) {
 			ctx := t.Context()
 			ref, err := s.imgs.ref(ctx, img, "oracle")
@@ -282,9 +285,12 @@ func lastLine(s string) string {
 }
 
 // checkAll runs check for every path and image.
-func (s *suite) checkAll(t *testing.T, paths ...unpackPath) {
+func (s *suite) checkAll(t *testing.T, paths ...unpackPath) { s.checkImages(t, corpus, paths...) }
+
+// checkImages runs check for every path and each of imgs.
+func (s *suite) checkImages(t *testing.T, imgs []image, paths ...unpackPath) {
 	for _, p := range paths {
-		for _, img := range corpus {
+		for _, img := range imgs {
 			if img.oracleFails != "" && p.name == criCreatePath.name {
 				// The path first pulls into overlayfs, which fails: it
 				// never reaches grouped.
@@ -306,4 +312,36 @@ func checkUIDMap(m manifest.Manifest, remap bool) error {
 		return fmt.Errorf("the manifest tool ran with uid_map %q, want %q", m.UIDMap, want)
 	}
 	return nil
+}
+
+// parallelOverlayfsDiffers is the control of the parallel-unpack Env: the
+// config really unpacks in parallel, and the comparison sees what that
+// breaks. overlayfs (which declares rebase) unpacks the whiteouts image
+// side by side there, and its tree must differ from the sequential one at
+// deep/, whose owner and mode a parentless upper layer cannot know.
+func (s *suite) parallelOverlayfsDiffers(t *testing.T) {
+	ctx := t.Context()
+	img := corpus[0]
+	ref, err := s.imgs.ref(ctx, img, "control")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := oraclePath.unpack(ctx, s.env, ref); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = oraclePath.remove(context.Background(), s.env, ref) })
+	got, err := oraclePath.run(ctx, s.env, ref, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffs, n := manifest.Compare(s.oracles[oracleKey(img.name, false)], got, "overlayfs sequential", "overlayfs parallel", maxDiffs, saltedPaths...)
+	r := result{config: s.config, image: img.name, path: "control: overlayfs parallel (not an oracle)", diffs: n,
+		outcome: "differs, as expected", detail: strings.Join(diffs, "\n")}
+	if !slices.ContainsFunc(diffs, func(d string) bool { return strings.Contains(d, `"/deep" dir 0700 1000:1000`) }) {
+		r.outcome = "NO DIFFERENCE AT /deep"
+		t.Errorf("overlayfs unpacked in parallel should lose /deep's owner and mode; the differences were:\n%s", r.detail)
+	} else {
+		t.Logf("overlayfs in parallel differs from its sequential tree, as expected:\n%s", r.detail)
+	}
+	record(r)
 }

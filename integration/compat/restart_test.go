@@ -1,0 +1,91 @@
+package compat
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// testRestart restarts the snapshotter daemon, then containerd, under a
+// plain and a user-namespaced container: both keep running on their
+// rootfs mounts, the snapshots and the mapping's view survive, containerd
+// reaches the snapshotter again, and new containers (plain and
+// user-namespaced) start after each restart.
+func testRestart(t *testing.T, env *harness.Env, ref string) {
+	plain, mapped := containerID("compat-plain"), containerID("compat-mapped")
+	runDetached(t, env, plain, ref, nil, "sleep", "600")
+	defer removeContainer(t, env, plain)
+	runDetached(t, env, mapped, ref, usernsFlags, "sleep", "600")
+	defer removeContainer(t, env, mapped)
+	snapsBefore, viewsBefore := snapshotKeys(t, env), views(t, env)
+	if len(viewsBefore) != 1 {
+		t.Fatalf("%d views with one mapping in use, want 1: %v", len(viewsBefore), viewsBefore)
+	}
+
+	restarts := []struct {
+		what    string
+		restart func() error
+	}{
+		{"grouped-snapshotter", func() error { return env.Snapshotter.Restart(t.Context()) }},
+		{"containerd", func() error { return env.RestartContainerd(t.Context()) }},
+	}
+	for _, r := range restarts {
+		if err := r.restart(); err != nil {
+			t.Fatalf("restart %s: %v", r.what, err)
+		}
+		if got := snapshotKeys(t, env); !slices.Equal(got, snapsBefore) {
+			t.Errorf("after restarting %s the snapshots are\n%v\nwant\n%v", r.what, got, snapsBefore)
+		}
+		if got := views(t, env); !slices.Equal(got, viewsBefore) {
+			t.Errorf("after restarting %s the views are %v, want %v", r.what, got, viewsBefore)
+		}
+		for _, id := range []string{plain, mapped} {
+			harness.SingleMountAt(t, env.TaskRootfs(id))
+			if st := taskStatus(t, env, id); st != "RUNNING" {
+				t.Errorf("after restarting %s container %s is %s, want RUNNING", r.what, id, st)
+			}
+		}
+		for _, extra := range [][]string{nil, usernsFlags} {
+			args := append([]string{"run", "--rm", "--snapshotter", harness.SnapshotterGrouped}, extra...)
+			out, err := env.Ctr(t.Context(), append(args, ref, containerID("compat-after"), "echo", "again")...)
+			if err != nil || strings.TrimSpace(out) != "again" {
+				t.Errorf("a container started after restarting %s (flags %v) printed %q: %v", r.what, extra, out, err)
+			}
+		}
+		t.Logf("%s restarted under 2 running containers; snapshots and view kept, new starts work", r.what)
+	}
+}
+
+// snapshotKeys returns grouped's snapshots in the Env's namespace as
+// "key kind", sorted.
+func snapshotKeys(t *testing.T, env *harness.Env) []string {
+	t.Helper()
+	snaps, err := env.Snapshots(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 0, len(snaps))
+	for _, s := range snaps {
+		keys = append(keys, s.Key+" "+s.Kind)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// taskStatus returns the status ctr reports for a container's task
+// (RUNNING, STOPPED, ...).
+func taskStatus(t *testing.T, env *harness.Env, id string) string {
+	t.Helper()
+	out, err := env.Ctr(t.Context(), "tasks", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == id {
+			return f[2]
+		}
+	}
+	return "absent"
+}
