@@ -20,8 +20,8 @@ func Markdown(res *Results, charts []string, notes string) string {
 		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
 			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)
 	}
-	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d), contenders interleaved (rotated each repetition). ",
-		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, pullReps(res))
+	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, pullReps(res), cfg.burstReps())
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	writeMachine(&b, res.Machine)
 	writeMethod(&b, cfg)
@@ -55,7 +55,7 @@ func writeMethod(b *strings.Builder, cfg Config) {
 - **Syscalls** are counted with a private tracefs instance (syscall tracepoints, pid filter with event-fork) on this process, containerd and the snapshotter daemon and everything they fork: ` + "`mount umount2 open_tree move_mount mount_setattr fsopen fsconfig fsmount`" + `. "Snapshot side" = shim + containerd + ctr + snapshotter daemon; runc's own container setup is reported apart.
 - **User-namespace forks** are counted the same way from ` + "`clone`" + ` with ` + "`CLONE_NEWUSER`" + ` and ` + "`unshare(CLONE_NEWUSER)`" + ` (tracefs filters on the flags; containerd's helper and grouped's both fork through Go's ` + "`SysProcAttr.Cloneflags`" + `, i.e. ` + "`clone`" + `), by process: on the snapshot side they are the helpers forked to obtain a user-namespace fd (the shim's, or grouped-snapshotter's once per new mapping); runc's are the containers' own.
 - **Bursts** are timed without tracing or sampling; one extra, observed burst per contender then traces syscalls and forks and samples ` + "`/proc/self/mountinfo`" + ` every 10 ms (a read of mountinfo takes the mount namespace lock that mounts need, so it must not run during timed bursts). Peak mountinfo is the highest count above the count before the burst.
-- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table (its proxy-served control, overlayfs behind proxy, is measured through containerd in the other scenarios only).
+- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table; its control, containerd's overlay code served by ` + "`bench/cmd/overlay-proxy`" + ` (overlayfs behind proxy), is, through the same client.
 - **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
 
 `)
