@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // TestInstallerImage builds the DaemonSet's installer image with
@@ -115,21 +117,12 @@ func untar(t *testing.T, r io.Reader, dir string) {
 	}
 }
 
-// repoRoot is the directory holding go.mod, above this package.
+// repoRoot is the repository root (the product module's directory).
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	root, err := harness.FindRepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test")
-		}
-		dir = parent
-	}
+	return root
 }
