@@ -101,7 +101,6 @@ func startMountgroupEnv(t *testing.T, version string) *harness.Env {
 // set; IDMap and Logf are filled in).
 func startViewEnv(t *testing.T, opts harness.Options) *harness.Env {
 	t.Helper()
-	t0 := time.Now()
 	version := opts.Containerd
 	opts.IDMap = "view"
 	opts.Logf = func(format string, args ...any) {
@@ -109,23 +108,7 @@ func startViewEnv(t *testing.T, opts harness.Options) *harness.Env {
 			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)
 		}
 	}
-	env, err := harness.Start(t.Context(), opts)
-	if err != nil {
-		t.Fatalf("start containerd %s environment: %v", version, err)
-	}
-	t.Logf("containerd %s environment ready in %s (%s)", env.ContainerdVersion, time.Since(t0).Round(time.Millisecond), env.Dir)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon logs:\n%s", env.LogTail(30))
-		}
-		if err := env.Close(); err != nil {
-			t.Errorf("close environment: %v", err)
-		}
-		if left, err := harness.MountsUnder(env.Dir); err != nil || len(left) > 0 {
-			t.Errorf("%d mounts left under %s after teardown (%v): %+v", len(left), env.Dir, err, left)
-		}
-	})
-	return env
+	return harness.StartForTest(t, opts)
 }
 
 // pullMountgroupImages pulls every layer count of rel with grouped (through

@@ -20,7 +20,7 @@ func TestSnapshotterRestart(t *testing.T) {
 	ref := pullImage(t, env, harness.ImageSpec{Name: "hello", Layers: 1})
 	id := containerID("restart")
 	runDetached(t, env, id, ref, nil, "sleep", "600")
-	before := snapshotKeys(t, env)
+	before := env.SnapshotKeys(t)
 
 	oldPID := env.Snapshotter.PID()
 	if err := env.Snapshotter.Restart(t.Context()); err != nil {
@@ -28,7 +28,7 @@ func TestSnapshotterRestart(t *testing.T) {
 	}
 	t.Logf("grouped-snapshotter restarted: pid %d -> %d", oldPID, env.Snapshotter.PID())
 
-	if after := snapshotKeys(t, env); !slices.Equal(before, after) {
+	if after := env.SnapshotKeys(t); !slices.Equal(before, after) {
 		t.Errorf("snapshots changed across the restart:\nbefore %v\nafter  %v", before, after)
 	}
 	rootfsMount(t, env, id)
@@ -37,18 +37,4 @@ func TestSnapshotterRestart(t *testing.T) {
 		t.Errorf("container after restart printed %q, want %q", got, "again")
 	}
 	removeContainer(t, env, id)
-}
-
-func snapshotKeys(t *testing.T, env *harness.Env) []string {
-	t.Helper()
-	snaps, err := env.Snapshots(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := make([]string, 0, len(snaps))
-	for _, s := range snaps {
-		keys = append(keys, s.Key+" "+s.Kind)
-	}
-	slices.Sort(keys)
-	return keys
 }

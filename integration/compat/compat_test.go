@@ -101,24 +101,7 @@ func startEnv(t *testing.T, opts harness.Options) *harness.Env {
 			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)
 		}
 	}
-	t0 := time.Now()
-	env, err := harness.Start(context.Background(), opts)
-	if err != nil {
-		t.Fatalf("start containerd %s environment: %v", version, err)
-	}
-	t.Logf("containerd %s environment ready in %s (%s)", version, since(t0), env.Dir)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon logs:\n%s", env.LogTail(30))
-		}
-		if err := env.Close(); err != nil {
-			t.Errorf("close environment: %v", err)
-		}
-		if left, err := harness.MountsUnder(env.Dir); err != nil || len(left) > 0 {
-			t.Errorf("%d mounts left under %s after teardown (%v): %+v", len(left), env.Dir, err, left)
-		}
-	})
-	return env
+	return harness.StartForTest(t, opts)
 }
 
 // pullImages builds the images of every start layer count, pulls them

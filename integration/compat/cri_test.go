@@ -31,7 +31,7 @@ func testCRIPod(t *testing.T, env *harness.Env, ref string) {
 			t.Errorf("crictl rmi %s: %v", ref, err)
 		}
 	})
-	base := len(views(t, env))
+	base := len(env.MappedParents(t))
 	t0 := time.Now()
 	pod, err := env.CRI.RunPod(ctx, "compat-userns", &podMapping)
 	if err != nil {
@@ -71,12 +71,12 @@ func testCRIPod(t *testing.T, env *harness.Env, ref string) {
 	if v := viewOf(t, harness.SingleMountAt(t, rootfs), env); v != view {
 		t.Errorf("the container reads its layers through view %s, the sandbox through %s", v, view)
 	}
-	waitViews(t, env, base+1)
+	env.WaitMappedParents(t, base+1)
 
 	if err := env.CRI.RemovePod(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	waitViews(t, env, base)
+	env.WaitMappedParents(t, base)
 }
 
 // crictl runs crictl and fails t on error.
@@ -113,8 +113,8 @@ func viewOf(t *testing.T, m harness.Mount, env *harness.Env) string {
 		t.Fatalf("rootfs is a %s mount with %d lowerdirs, want an overlay", m.FSType, len(lowers))
 	}
 	view := filepath.Dir(lowers[0])
-	if filepath.Dir(view) != viewsDir(env) {
-		t.Fatalf("lowerdir %s is not in a view under %s", lowers[0], viewsDir(env))
+	if filepath.Dir(view) != env.MappedParentsDir() {
+		t.Fatalf("lowerdir %s is not in a view under %s", lowers[0], env.MappedParentsDir())
 	}
 	for _, l := range lowers {
 		if filepath.Dir(l) != view {
@@ -122,36 +122,6 @@ func viewOf(t *testing.T, m harness.Mount, env *harness.Env) string {
 		}
 	}
 	return view
-}
-
-// viewsDir is where grouped keeps its idmapped views.
-func viewsDir(env *harness.Env) string { return filepath.Join(env.Snapshotter.Root, "v") }
-
-// views returns the idmapped views mounted under grouped's v/.
-func views(t *testing.T, env *harness.Env) []string {
-	t.Helper()
-	mounts, err := harness.MountsUnder(viewsDir(env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, m := range mounts {
-		if m.MountPoint != viewsDir(env) { // v/ is a bind mount of itself
-			out = append(out, m.MountPoint)
-		}
-	}
-	return out
-}
-
-// waitViews waits until exactly want views are mounted.
-func waitViews(t *testing.T, env *harness.Env, want int) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func() error {
-		if got := views(t, env); len(got) != want {
-			return fmt.Errorf("%d views mounted under %s, want %d: %v", len(got), viewsDir(env), want, got)
-		}
-		return nil
-	})
 }
 
 // checkOwner checks path's owner as seen from the host.

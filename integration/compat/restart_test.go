@@ -19,7 +19,7 @@ func testRestart(t *testing.T, env *harness.Env, ref string) {
 	defer removeContainer(t, env, plain)
 	runDetached(t, env, mapped, ref, usernsFlags, "sleep", "600")
 	defer removeContainer(t, env, mapped)
-	snapsBefore, viewsBefore := snapshotKeys(t, env), views(t, env)
+	snapsBefore, viewsBefore := env.SnapshotKeys(t), env.MappedParents(t)
 	if len(viewsBefore) != 1 {
 		t.Fatalf("%d views with one mapping in use, want 1: %v", len(viewsBefore), viewsBefore)
 	}
@@ -35,10 +35,10 @@ func testRestart(t *testing.T, env *harness.Env, ref string) {
 		if err := r.restart(); err != nil {
 			t.Fatalf("restart %s: %v", r.what, err)
 		}
-		if got := snapshotKeys(t, env); !slices.Equal(got, snapsBefore) {
+		if got := env.SnapshotKeys(t); !slices.Equal(got, snapsBefore) {
 			t.Errorf("after restarting %s the snapshots are\n%v\nwant\n%v", r.what, got, snapsBefore)
 		}
-		if got := views(t, env); !slices.Equal(got, viewsBefore) {
+		if got := env.MappedParents(t); !slices.Equal(got, viewsBefore) {
 			t.Errorf("after restarting %s the views are %v, want %v", r.what, got, viewsBefore)
 		}
 		for _, id := range []string{plain, mapped} {
@@ -56,22 +56,6 @@ func testRestart(t *testing.T, env *harness.Env, ref string) {
 		}
 		t.Logf("%s restarted under 2 running containers; snapshots and view kept, new starts work", r.what)
 	}
-}
-
-// snapshotKeys returns grouped's snapshots in the Env's namespace as
-// "key kind", sorted.
-func snapshotKeys(t *testing.T, env *harness.Env) []string {
-	t.Helper()
-	snaps, err := env.Snapshots(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := make([]string, 0, len(snaps))
-	for _, s := range snaps {
-		keys = append(keys, s.Key+" "+s.Kind)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // taskStatus returns the status ctr reports for a container's task

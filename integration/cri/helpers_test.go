@@ -3,9 +3,7 @@ package cri
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -169,36 +167,6 @@ func checkOwner(t *testing.T, path string, uid, gid uint32) {
 	if st.Uid != uid || st.Gid != gid {
 		t.Errorf("%s is owned by %d:%d on the host, want %d:%d", path, st.Uid, st.Gid, uid, gid)
 	}
-}
-
-// viewsDir is where the snapshotter keeps its idmapped views.
-func viewsDir(env *harness.Env) string { return filepath.Join(env.Snapshotter.Root, "v") }
-
-// views returns the idmapped views mounted under the snapshotter's v/.
-func views(t *testing.T, env *harness.Env) []string {
-	t.Helper()
-	mounts, err := harness.MountsUnder(viewsDir(env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, m := range mounts {
-		if m.MountPoint != viewsDir(env) { // v/ is a bind mount of itself
-			out = append(out, m.MountPoint)
-		}
-	}
-	return out
-}
-
-// waitViews waits until exactly want views are mounted.
-func waitViews(t *testing.T, env *harness.Env, want int) {
-	t.Helper()
-	harness.Eventually(t, 30*time.Second, func() error {
-		if got := views(t, env); len(got) != want {
-			return fmt.Errorf("%d views mounted under %s, want %d: %v", len(got), viewsDir(env), want, got)
-		}
-		return nil
-	})
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

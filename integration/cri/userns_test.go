@@ -43,8 +43,8 @@ func viewOf(t *testing.T, env *harness.Env, id string) string {
 		t.Fatalf("rootfs of %s is a %s mount with %d lowerdirs, want an overlay", id, m.FSType, len(lowers))
 	}
 	view := filepath.Dir(lowers[0])
-	if filepath.Dir(view) != viewsDir(env) {
-		t.Fatalf("lowerdir %s of %s is not in a view under %s", lowers[0], id, viewsDir(env))
+	if filepath.Dir(view) != env.MappedParentsDir() {
+		t.Fatalf("lowerdir %s of %s is not in a view under %s", lowers[0], id, env.MappedParentsDir())
 	}
 	for _, l := range lowers {
 		if filepath.Dir(l) != view {
@@ -62,7 +62,7 @@ func viewOf(t *testing.T, env *harness.Env, id string) string {
 func TestCRIUsernsPodSharesOneView(t *testing.T) {
 	env := testEnv(t)
 	one, many := usernsImages(t, env)
-	base := len(views(t, env))
+	base := len(env.MappedParents(t))
 
 	t0 := time.Now()
 	pod := runPod(t, env, "userns-a", &mappingA)
@@ -101,7 +101,7 @@ func TestCRIUsernsPodSharesOneView(t *testing.T) {
 	checkOwner(t, filepath.Join(env.CRITaskRootfs(pod), "pause"), host, host)
 
 	// One view for the sandbox and both containers.
-	waitViews(t, env, base+1)
+	env.WaitMappedParents(t, base+1)
 	view := viewOf(t, env, pod)
 	for _, id := range []string{cMany, cOne} {
 		if v := viewOf(t, env, id); v != view {
@@ -117,7 +117,7 @@ func TestCRIUsernsPodSharesOneView(t *testing.T) {
 	if err := env.CRI.RemovePod(t.Context(), pod); err != nil {
 		t.Fatal(err)
 	}
-	waitViews(t, env, base)
+	env.WaitMappedParents(t, base)
 	t.Logf("pod removed and its view unmounted within %s", since(t1))
 }
 
@@ -128,13 +128,13 @@ func TestCRIUsernsTwoMappingsTwoViews(t *testing.T) {
 	env := testEnv(t)
 	one := buildImage(t, env, harness.ImageSpec{Name: "userns-one", Layers: 1})
 	criPull(t, env, one)
-	base := len(views(t, env))
+	base := len(env.MappedParents(t))
 
 	podA := runPod(t, env, "userns-a", &mappingA)
 	cA := startContainer(t, env, podA, sleeper("one", one, mappingA))
 	podB := runPod(t, env, "userns-b", &mappingB)
 	cB := startContainer(t, env, podB, sleeper("one", one, mappingB))
-	waitViews(t, env, base+2)
+	env.WaitMappedParents(t, base+2)
 	viewA, viewB := viewOf(t, env, cA), viewOf(t, env, cB)
 	if viewA == viewB {
 		t.Fatalf("pods with mappings %s and %s share view %s", mappingA, mappingB, viewA)
@@ -146,8 +146,8 @@ func TestCRIUsernsTwoMappingsTwoViews(t *testing.T) {
 	if err := env.CRI.RemovePod(t.Context(), podB); err != nil {
 		t.Fatal(err)
 	}
-	waitViews(t, env, base+1)
-	if got := views(t, env); !containsString(got, viewA) {
+	env.WaitMappedParents(t, base+1)
+	if got := env.MappedParents(t); !containsString(got, viewA) {
 		t.Errorf("after removing pod B the views are %v, want pod A's %s kept", got, viewA)
 	}
 	if st := containerState(t, env, cA); st != "CONTAINER_RUNNING" {

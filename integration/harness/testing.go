@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -98,4 +100,78 @@ func (s *SharedEnv) Close(code int) int {
 		return 1
 	}
 	return code
+}
+
+// MappedParentsDir is where the Env's grouped-snapshotter mounts its mapped
+// parents (the idmapped mounts of the layer parent), its root's v/.
+func (e *Env) MappedParentsDir() string { return filepath.Join(e.Snapshotter.Root, "v") }
+
+// MappedParents returns the mount points of the mapped parents mounted
+// under MappedParentsDir (v/ itself, a bind mount of itself, left out).
+func (e *Env) MappedParents(t testing.TB) []string {
+	t.Helper()
+	dir := e.MappedParentsDir()
+	mounts, err := MountsUnder(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range mounts {
+		if m.MountPoint != dir {
+			out = append(out, m.MountPoint)
+		}
+	}
+	return out
+}
+
+// WaitMappedParents waits until exactly want mapped parents are mounted.
+func (e *Env) WaitMappedParents(t testing.TB, want int) {
+	t.Helper()
+	Eventually(t, 30*time.Second, func() error {
+		if got := e.MappedParents(t); len(got) != want {
+			return fmt.Errorf("%d mapped parents mounted under %s, want %d: %v", len(got), e.MappedParentsDir(), want, got)
+		}
+		return nil
+	})
+}
+
+// SnapshotKeys returns the snapshotter's snapshots in the Env's namespace
+// as "key kind", sorted.
+func (e *Env) SnapshotKeys(t testing.TB) []string {
+	t.Helper()
+	snaps, err := e.Snapshots(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 0, len(snaps))
+	for _, s := range snaps {
+		keys = append(keys, s.Key+" "+s.Kind)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// StartForTest starts an Env for t and closes it when t ends: on failure it
+// logs the daemons' last lines first, and it fails t if a mount is left
+// under the Env's directory after teardown.
+func StartForTest(t testing.TB, opts Options) *Env {
+	t.Helper()
+	t0 := time.Now()
+	env, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("start containerd %s environment: %v", opts.Containerd, err)
+	}
+	t.Logf("containerd %s environment ready in %s (%s)", env.ContainerdVersion, time.Since(t0).Round(time.Millisecond), env.Dir)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon logs:\n%s", env.LogTail(30))
+		}
+		if err := env.Close(); err != nil {
+			t.Errorf("close environment: %v", err)
+		}
+		if left, err := MountsUnder(env.Dir); err != nil || len(left) > 0 {
+			t.Errorf("%d mounts left under %s after teardown (%v): %+v", len(left), env.Dir, err, left)
+		}
+	})
+	return env
 }
