@@ -99,6 +99,8 @@ type Snapshotter struct {
 	nextMapped atomic.Uint64
 	// mappingLocks serialise the first uses of each mapping.
 	mappingLocks keyedmutex.Mutexes
+	// spareWork are committed snapshots' work directories, for reuse.
+	spareWork spareWorkDirs
 
 	closeOnce sync.Once
 	closeErr  error
@@ -611,12 +613,16 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 			return fmt.Errorf("commit %q as %q: %w", key, name, err)
 		}
 	}
-	var freed []string
+	var (
+		freed       []string
+		committedID string
+	)
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
 		}
+		committedID = id
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
 		}
@@ -646,6 +652,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
 	s.dropMappedParentsAfter(ctx, freed)
+	s.offerWorkDir(ctx, committedID)
 	return nil
 }
 
@@ -668,6 +675,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 		return fmt.Errorf("remove %q: %w", key, err)
 	}
 	s.dropMappedParentsAfter(ctx, freed)
+	s.forgetWorkDir(id)
 	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
 		path, err := dir(id)
 		if err != nil {
@@ -754,8 +762,10 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		}()
 		// A view of layers needs no directory of its own; a view of nothing
 		// binds an empty one, as containerd's overlayfs does.
+		// Only an overlay (an active snapshot with parents) uses a work
+		// directory; a parentless one is a bind mount.
 		if kind == snapshots.KindActive || len(snap.ParentIDs) == 0 {
-			made, err = s.makeDirs(ctx, snap, mapping, kind == snapshots.KindActive)
+			made, err = s.makeDirs(ctx, snap, mapping, kind == snapshots.KindActive && len(snap.ParentIDs) > 0)
 			if err != nil {
 				return err
 			}
@@ -886,8 +896,10 @@ func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mappi
 		if err != nil {
 			return made, err
 		}
-		if err := mkdirFresh(work, 0o711); err != nil {
-			return made, err
+		if !s.reuseWorkDir(ctx, work) {
+			if err := mkdirFresh(work, 0o711); err != nil {
+				return made, err
+			}
 		}
 		made = append(made, work)
 	}
