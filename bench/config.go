@@ -78,6 +78,9 @@ func stageContenders(cfg Config, version string) []Contender {
 		if c.MinVersion != "" && versionLess(version, c.MinVersion) {
 			continue
 		}
+		if len(cfg.Contenders) > 0 && c.Name != Grouped && !slices.Contains(cfg.Contenders, c.Name) {
+			continue
+		}
 		cs = append(cs, c)
 		if c.Rebase && version != harness.ContainerdV2_0 && cfg.UnpackConcurrency > 1 && cfg.runs("pulls") {
 			p := c
@@ -185,6 +188,10 @@ type Config struct {
 	// Scenarios selects scenarios by name (starts, bursts, pulls, api,
 	// memory, import); empty runs all.
 	Scenarios []string
+	// Contenders selects contenders by name (see Contenders; a selected
+	// one brings its parallel-unpack variant); grouped view always runs.
+	// Empty runs all.
+	Contenders []string `json:",omitempty"`
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
 }
@@ -280,6 +287,15 @@ func (c Config) Validate() error {
 	for _, s := range c.Scenarios {
 		if !slices.Contains(ScenarioNames, s) {
 			return fmt.Errorf("bench config %s: unknown scenario %q (want %v)", c.Name, s, ScenarioNames)
+		}
+	}
+	for _, name := range c.Contenders {
+		if !slices.ContainsFunc(Contenders, func(k Contender) bool { return k.Name == name }) {
+			var known []string
+			for _, k := range Contenders {
+				known = append(known, k.Name)
+			}
+			return fmt.Errorf("bench config %s: unknown contender %q (want one of %q)", c.Name, name, known)
 		}
 	}
 	for _, v := range c.Versions {

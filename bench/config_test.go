@@ -2,6 +2,7 @@ package bench
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -29,6 +30,20 @@ func TestStageContenders(t *testing.T) {
 	cfg.Scenarios = []string{"starts"}
 	if got := names(stageContenders(cfg, harness.ContainerdV2_4)); !slices.Equal(got, want24[:5]) {
 		t.Errorf("starts only: contenders %q, want %q", got, want24[:5])
+	}
+	// A selection keeps grouped view first and brings parallel variants.
+	cfg.Scenarios = nil
+	cfg.Contenders = []string{OverlayfsName, OverlayProxyName}
+	wantSel := []string{Grouped, OverlayfsName, OverlayProxyName, parallelName(OverlayfsName)}
+	if got := names(stageContenders(cfg, harness.ContainerdV2_4)); !slices.Equal(got, wantSel) {
+		t.Errorf("selected contenders %q, want %q", got, wantSel)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a valid selection refused: %v", err)
+	}
+	cfg.Contenders = []string{"overlay"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `"overlay"`) {
+		t.Errorf("an unknown contender: error %v, want one naming it", err)
 	}
 	// Neither grouped nor the proxy control may declare rebase: they must
 	// unpack sequentially, like grouped-snapshotter registered by its

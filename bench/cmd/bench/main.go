@@ -43,6 +43,7 @@ func run() error {
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
 	importLayers := flag.String("import-layers", "", "comma-separated layer counts of the import scenario (default: the configuration's)")
+	contenders := flag.String("contenders", "", "comma-separated contenders to run besides grouped view, e.g. \"overlayfs,overlayfs behind proxy\" (default all)")
 	flag.Parse()
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
@@ -94,6 +95,9 @@ func run() error {
 	}
 	if *scenarios != "" {
 		cfg.Scenarios = strings.Split(*scenarios, ",")
+	}
+	if *contenders != "" {
+		cfg.Contenders = strings.Split(*contenders, ",")
 	}
 	if *versions != "" {
 		cfg.Versions = strings.Split(*versions, ",")
