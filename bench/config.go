@@ -155,6 +155,10 @@ type Config struct {
 	BurstReps int `json:",omitempty"`
 	// PullLayers are the image sizes of scenario 3.
 	PullLayers []int
+	// UnpackLayers are the chain lengths of scenario 3b (the snapshot side
+	// of a pull, over the socket without containerd), repeated PullReps
+	// times.
+	UnpackLayers []int `json:",omitempty"`
 	// ImportLayers are the image sizes of scenario 6 (import from
 	// overlayfs against pulling again).
 	ImportLayers []int
@@ -185,8 +189,8 @@ type Config struct {
 	// grouped-snapshotter does not declare rebase, so it always unpacks
 	// sequentially.
 	UnpackConcurrency int
-	// Scenarios selects scenarios by name (starts, bursts, pulls, api,
-	// memory, import); empty runs all.
+	// Scenarios selects scenarios by name (starts, bursts, pulls, unpack,
+	// api, memory, import); empty runs all.
 	Scenarios []string
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.
@@ -206,6 +210,7 @@ func Full() Config {
 		Bursts:            []BurstShape{{30, 1, 50, false}, {10, 3, 50, false}, {30, 1, 400, false}, {100, 1, 50, true}},
 		BurstReps:         15,
 		PullLayers:        []int{1, 50, 400},
+		UnpackLayers:      []int{50, 400},
 		ImportLayers:      []int{50, 400},
 		ImportImageBytes:  128 << 20,
 		PullReps:          15,
@@ -231,6 +236,7 @@ func Quick() Config {
 		Bursts:            []BurstShape{{10, 1, 50, false}, {20, 1, 50, true}},
 		BurstReps:         3,
 		PullLayers:        []int{1, 50},
+		UnpackLayers:      []int{50},
 		ImportLayers:      []int{50},
 		ImportImageBytes:  128 << 20,
 		PullReps:          5,
@@ -246,7 +252,7 @@ func Quick() Config {
 }
 
 // ScenarioNames are the names Config.Scenarios accepts.
-var ScenarioNames = []string{"starts", "bursts", "pulls", "api", "memory", "import"}
+var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import"}
 
 // burstReps is the number of timed repetitions of every burst.
 func (c Config) burstReps() int {
@@ -269,7 +275,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.Name == "":
 		return fmt.Errorf("bench config: empty name")
-	case c.runs("pulls") && c.PullReps < 3:
+	case (c.runs("pulls") || c.runs("unpack")) && c.PullReps < 3:
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
 	case c.runs("bursts") && c.BurstReps < 3:
 		return fmt.Errorf("bench config %s: %d burst repetitions, need at least 3", c.Name, c.BurstReps)

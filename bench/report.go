@@ -28,6 +28,7 @@ func Markdown(res *Results, charts []string, notes string) string {
 	writeStarts(&b, res, charts)
 	writeBursts(&b, res, charts)
 	writePulls(&b, res)
+	writeUnpacks(&b, res)
 	writeAPI(&b, res)
 	writeMemory(&b, res)
 	writeImports(&b, res)

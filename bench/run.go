@@ -26,6 +26,7 @@ type Results struct {
 	Starts   []StartRow
 	Bursts   []BurstRow
 	Pulls    []PullRow
+	Unpacks  []UnpackRow `json:",omitempty"`
 	API      []APIRow
 	Memory   []MemoryRow
 	Imports  []ImportRow `json:",omitempty"`
@@ -69,7 +70,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 
 	// The stages run the scenarios that compare contenders; the import
 	// scenario has an Env of its own.
-	stages := cfg.runs("starts") || cfg.runs("bursts") || cfg.runs("pulls") || cfg.runs("api") || cfg.runs("memory")
+	stages := cfg.runs("starts") || cfg.runs("bursts") || cfg.runs("pulls") || cfg.runs("unpack") || cfg.runs("api") || cfg.runs("memory")
 	for vi, version := range cfg.Versions {
 		if !stages {
 			break
@@ -79,11 +80,14 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			return res, err
 		}
 		err = runStage(ctx, cfg, st, regEnv.Registry, refs, res)
-		if err == nil && vi == 0 && (cfg.runs("api") || cfg.runs("memory")) {
+		if err == nil && vi == 0 && (cfg.runs("unpack") || cfg.runs("api") || cfg.runs("memory")) {
 			// The daemon binary the harness built for this stage.
 			bins := daemonBins{grouped: st.envs[0].Snapshotter.Bin, overlayProxy: overlayProxy}
 			dir := filepath.Join(st.envs[0].Dir, "bench")
-			if cfg.runs("api") {
+			if cfg.runs("unpack") {
+				res.Unpacks, err = runUnpacks(ctx, cfg, bins, dir)
+			}
+			if err == nil && cfg.runs("api") {
 				res.API, err = runAPI(ctx, cfg, bins, dir)
 			}
 			if err == nil && cfg.runs("memory") {

@@ -26,6 +26,7 @@ func writeTargets(b *strings.Builder, res *Results) {
 	ts = append(ts, startTargets(res)...)
 	ts = append(ts, burstTargets(res)...)
 	ts = append(ts, pullTargets(res)...)
+	ts = append(ts, unpackTargets(res)...)
 	ts = append(ts, erofsTargets(res)...)
 	ts = append(ts, apiTargets(res)...)
 	if len(ts) == 0 {
