@@ -470,6 +470,9 @@ func (c *crashRun) afterKill(ctx context.Context, k int) error {
 		switch {
 		case s.kind == snapshots.KindCommitted, s.kind == snapshots.KindView && s.parents == 0:
 			need = append(need, "l/"+name)
+		case s.kind == snapshots.KindActive && s.parents == 0:
+			// A bind mount: no work directory.
+			need = append(need, "l/"+name)
 		case s.kind == snapshots.KindActive:
 			need = append(need, "l/"+name, "w/"+name)
 		}
