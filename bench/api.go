@@ -63,18 +63,18 @@ func runAPI(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]API
 		traced := rep == cfg.Reps
 		for _, i := range rotation(rep, len(apiContenders)) {
 			c := apiContenders[i]
-			d, err := startDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap)
-			if err != nil {
-				return rows, err
-			}
 			n := cfg.APIOps
 			if traced {
 				n = min(n, 5)
 			}
-			lat, calls, err := apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
-			if cerr := d.close(); err == nil {
-				err = cerr
-			}
+			var (
+				lat   map[string][]time.Duration
+				calls map[string]int
+			)
+			err := withDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap, func(d *daemon) (err error) {
+				lat, calls, err = apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
+				return err
+			})
 			if err != nil {
 				return rows, fmt.Errorf("API %s: %w", c.Name, err)
 			}

@@ -117,3 +117,17 @@ func (d *daemon) chain(ctx context.Context, prefix, parent string, n int) (strin
 	}
 	return parent, nil
 }
+
+// withDaemon runs fn on a fresh daemon of bin in dir and stops it after,
+// returning fn's error first.
+func withDaemon(ctx context.Context, bin, dir, idmapMode string, fn func(*daemon) error) error {
+	d, err := startDaemon(ctx, bin, dir, idmapMode)
+	if err != nil {
+		return err
+	}
+	err = fn(d)
+	if cerr := d.close(); err == nil {
+		err = cerr
+	}
+	return err
+}

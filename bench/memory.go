@@ -27,14 +27,11 @@ func runMemory(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]
 	for rep := range cfg.Reps {
 		for _, i := range rotation(rep, len(apiContenders)) {
 			c := apiContenders[i]
-			d, err := startDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("mem-%d-%d", rep, i)), c.IDMap)
-			if err != nil {
-				return rows, err
-			}
-			row, err := memoryRun(ctx, cfg, d)
-			if cerr := d.close(); err == nil {
-				err = cerr
-			}
+			var row MemoryRow
+			err := withDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("mem-%d-%d", rep, i)), c.IDMap, func(d *daemon) (err error) {
+				row, err = memoryRun(ctx, cfg, d)
+				return err
+			})
 			if err != nil {
 				return rows, fmt.Errorf("memory %s: %w", c.Name, err)
 			}

@@ -36,14 +36,11 @@ func runUnpacks(ctx context.Context, cfg Config, bins daemonBins, dir string) ([
 		for _, n := range cfg.UnpackLayers {
 			for _, i := range rotation(rep, len(apiContenders)) {
 				c := apiContenders[i]
-				d, err := startDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("unpack-%d-%d-%d", rep, n, i)), c.IDMap)
-				if err != nil {
-					return rows, err
-				}
-				secs, err := unpackChain(ctx, d, n)
-				if cerr := d.close(); err == nil {
-					err = cerr
-				}
+				var secs float64
+				err := withDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("unpack-%d-%d-%d", rep, n, i)), c.IDMap, func(d *daemon) (err error) {
+					secs, err = unpackChain(ctx, d, n)
+					return err
+				})
 				if err != nil {
 					return rows, fmt.Errorf("unpack %s, %d layers: %w", c.Name, n, err)
 				}
