@@ -159,6 +159,12 @@ type Config struct {
 	// of a pull, over the socket without containerd), repeated PullReps
 	// times.
 	UnpackLayers []int `json:",omitempty"`
+	// UnpackFilesystems are where scenario 3b's daemons keep their roots:
+	// FSMachine (the machine's own filesystem, as every other scenario)
+	// and FSExt4Journal (a fresh ext4 with a journal on a loop device, as
+	// a node's /var/lib usually is). Empty (results of earlier runs)
+	// means FSMachine.
+	UnpackFilesystems []string `json:",omitempty"`
 	// ImportLayers are the image sizes of scenario 6 (import from
 	// overlayfs against pulling again).
 	ImportLayers []int
@@ -211,6 +217,7 @@ func Full() Config {
 		BurstReps:         15,
 		PullLayers:        []int{1, 50, 400},
 		UnpackLayers:      []int{50, 400},
+		UnpackFilesystems: []string{FSMachine, FSExt4Journal},
 		ImportLayers:      []int{50, 400},
 		ImportImageBytes:  128 << 20,
 		PullReps:          15,
@@ -237,6 +244,7 @@ func Quick() Config {
 		BurstReps:         3,
 		PullLayers:        []int{1, 50},
 		UnpackLayers:      []int{50},
+		UnpackFilesystems: []string{FSMachine, FSExt4Journal},
 		ImportLayers:      []int{50},
 		ImportImageBytes:  128 << 20,
 		PullReps:          5,
@@ -253,6 +261,23 @@ func Quick() Config {
 
 // ScenarioNames are the names Config.Scenarios accepts.
 var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import"}
+
+// The filesystems scenario 3b can run on (Config.UnpackFilesystems).
+const (
+	FSMachine     = "machine"
+	FSExt4Journal = "ext4-journal"
+)
+
+// UnpackFilesystemNames are the names Config.UnpackFilesystems accepts.
+var UnpackFilesystemNames = []string{FSMachine, FSExt4Journal}
+
+// unpackFilesystems is Config.UnpackFilesystems, FSMachine when empty.
+func (c Config) unpackFilesystems() []string {
+	if len(c.UnpackFilesystems) == 0 {
+		return []string{FSMachine}
+	}
+	return c.UnpackFilesystems
+}
 
 // burstReps is the number of timed repetitions of every burst.
 func (c Config) burstReps() int {
@@ -289,6 +314,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: API scenario needs ops and parent layers", c.Name)
 	case c.MemoryMappings < 1 || c.MemoryActives < c.MemoryMappings || c.MemoryChains < 1 || c.MemoryChainLength > 500:
 		return fmt.Errorf("bench config %s: bad memory population", c.Name)
+	}
+	for _, fs := range c.UnpackFilesystems {
+		if !slices.Contains(UnpackFilesystemNames, fs) {
+			return fmt.Errorf("bench config %s: unknown filesystem %q for the unpack scenario (want %v)", c.Name, fs, UnpackFilesystemNames)
+		}
 	}
 	for _, s := range c.Scenarios {
 		if !slices.Contains(ScenarioNames, s) {

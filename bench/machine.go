@@ -59,6 +59,9 @@ func describeMachine() Machine {
 	var fs syscall.Statfs_t
 	if syscall.Statfs(os.TempDir(), &fs) == nil {
 		m.TempFS = fsName(fs.Type)
+		if m.TempFS == "ext4" && !ext4HasJournal(os.TempDir()) {
+			m.TempFS = "ext4 without a journal"
+		}
 	}
 	m.OtherContainerd = countProcesses("containerd")
 	m.BusyBefore = cpuBusy(3 * time.Second)
@@ -74,6 +77,37 @@ func utsString(b []int8) string {
 		s.WriteByte(byte(c))
 	}
 	return s.String()
+}
+
+// ext4HasJournal reports whether the ext4 filesystem holding path has a
+// journal: its sysfs journal_task names jbd2's thread, or "<none>". It
+// says true when it cannot tell.
+func ext4HasJournal(path string) bool {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return true
+	}
+	// The mount holding path is the longest mount point that prefixes it.
+	var source, best string
+	for _, line := range strings.Split(string(data), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 2 || g[0] != "ext4" {
+			continue
+		}
+		mp := f[4]
+		if (path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
+			best, source = mp, g[1]
+		}
+	}
+	if source == "" {
+		return true
+	}
+	if dev, err := filepath.EvalSymlinks(source); err == nil {
+		source = dev
+	}
+	task, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(source), "journal_task"))
+	return err != nil || strings.TrimSpace(string(task)) != "<none>"
 }
 
 func fsName(magic int64) string {

@@ -27,9 +27,11 @@ type Results struct {
 	Bursts   []BurstRow
 	Pulls    []PullRow
 	Unpacks  []UnpackRow `json:",omitempty"`
-	API      []APIRow
-	Memory   []MemoryRow
-	Imports  []ImportRow `json:",omitempty"`
+	// UnpackSyscalls are scenario 3b's traced chains.
+	UnpackSyscalls []UnpackSyscalls `json:",omitempty"`
+	API            []APIRow
+	Memory         []MemoryRow
+	Imports        []ImportRow `json:",omitempty"`
 }
 
 // Run measures every scenario of cfg. Each containerd release runs in
@@ -85,7 +87,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			bins := daemonBins{grouped: st.envs[0].Snapshotter.Bin, overlayProxy: overlayProxy}
 			dir := filepath.Join(st.envs[0].Dir, "bench")
 			if cfg.runs("unpack") {
-				res.Unpacks, err = runUnpacks(ctx, cfg, bins, dir)
+				res.Unpacks, res.UnpackSyscalls, err = runUnpacks(ctx, cfg, bins, dir)
 			}
 			if err == nil && cfg.runs("api") {
 				res.API, err = runAPI(ctx, cfg, bins, dir)

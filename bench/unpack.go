@@ -2,16 +2,22 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // UnpackRow is one timed chain of scenario 3b.
@@ -19,61 +25,176 @@ type UnpackRow struct {
 	Contender string
 	Rep       int
 	Layers    int
-	Seconds   float64
+	// FS is the filesystem of the daemons' roots (Config.UnpackFilesystems);
+	// "" in results of earlier runs means FSMachine.
+	FS      string `json:",omitempty"`
+	Seconds float64
 }
 
+// UnpackSyscalls are the syscalls one daemon made in a traced chain of
+// scenario 3b (a pass of its own, not timed): what a layer costs the
+// filesystem, counted.
+type UnpackSyscalls struct {
+	Contender string
+	FS        string
+	Layers    int
+	// Calls counts every traced syscall by name (unpackTraced).
+	Calls map[string]int
+}
+
+// unpackTraced are the syscalls the traced pass counts: the fsync family
+// (the metadata store's durability) and directory operations.
+var unpackTraced = []string{"fsync", "fdatasync", "sync_file_range", "mkdir", "mkdirat", "rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir"}
+
 // runUnpacks is scenario 3b, the snapshot side of a pull without
-// containerd: per repetition and contender (interleaved), a fresh daemon
-// of its own, one chain of n layers made, removed and cleaned up (as a
-// pull's predecessor is collected), then a timed chain of n layers, each
-// a Prepare over the socket, one small file written into its upper (as
-// containerd's applier writes a layer in place) and a Commit. It is what
-// grouped-snapshotter does in a pull, measured apart from containerd's own
-// work, which is most of a pull's time and the same for every contender.
-func runUnpacks(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]UnpackRow, error) {
+// containerd: per filesystem, repetition and contender (interleaved), a
+// fresh daemon of its own, one chain of n layers made, removed and cleaned
+// up (as a pull's predecessor is collected), then a timed chain of n
+// layers, each a Prepare over the socket, one small file written into its
+// upper (as containerd's applier writes a layer in place) and a Commit. It
+// is what grouped-snapshotter does in a pull, measured apart from
+// containerd's own work, which is most of a pull's time and the same for
+// every contender. A last, traced pass per filesystem counts the
+// daemons' fsyncs and directory operations in a chain of the longest
+// length.
+func runUnpacks(ctx context.Context, cfg Config, bins daemonBins, dir string) (rows []UnpackRow, traced []UnpackSyscalls, err error) {
+	for _, fs := range cfg.unpackFilesystems() {
+		root := filepath.Join(dir, "unpack-"+fs)
+		var unmount func() error
+		if fs == FSExt4Journal {
+			if unmount, err = mountJournaledExt4(ctx, root); err != nil {
+				return rows, traced, err
+			}
+		}
+		r, tr, err := unpacksOn(ctx, cfg, bins, root, fs)
+		rows, traced = append(rows, r...), append(traced, tr...)
+		if unmount != nil {
+			err = errors.Join(err, unmount())
+		}
+		if err != nil {
+			return rows, traced, err
+		}
+	}
+	return rows, traced, nil
+}
+
+func unpacksOn(ctx context.Context, cfg Config, bins daemonBins, root, fs string) ([]UnpackRow, []UnpackSyscalls, error) {
 	var rows []UnpackRow
 	for rep := range cfg.PullReps {
 		for _, n := range cfg.UnpackLayers {
 			for _, i := range rotation(rep, len(apiContenders)) {
 				c := apiContenders[i]
 				var secs float64
-				err := withDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("unpack-%d-%d-%d", rep, n, i)), c.IDMap, func(d *daemon) (err error) {
-					secs, err = unpackChain(ctx, d, n)
+				err := withDaemon(ctx, bins.of(c), filepath.Join(root, fmt.Sprintf("%d-%d-%d", rep, n, i)), c.IDMap, func(d *daemon) (err error) {
+					secs, _, err = unpackChain(ctx, d, n, false)
 					return err
 				})
 				if err != nil {
-					return rows, fmt.Errorf("unpack %s, %d layers: %w", c.Name, n, err)
+					return rows, nil, fmt.Errorf("unpack %s, %d layers, on %s: %w", c.Name, n, fs, err)
 				}
-				rows = append(rows, UnpackRow{Contender: c.Name, Rep: rep, Layers: n, Seconds: secs})
-				cfg.Logf("unpack %d layers %s rep %d: %.3fs", n, c.Name, rep, secs)
+				rows = append(rows, UnpackRow{Contender: c.Name, Rep: rep, Layers: n, FS: fs, Seconds: secs})
+				cfg.Logf("unpack %d layers on %s, %s rep %d: %.3fs", n, fs, c.Name, rep, secs)
 			}
 		}
 	}
-	return rows, nil
+	var traced []UnpackSyscalls
+	n := slices.Max(cfg.UnpackLayers)
+	for i, c := range apiContenders {
+		var calls map[string]int
+		err := withDaemon(ctx, bins.of(c), filepath.Join(root, fmt.Sprintf("traced-%d", i)), c.IDMap, func(d *daemon) (err error) {
+			_, calls, err = unpackChain(ctx, d, n, true)
+			return err
+		})
+		if err != nil {
+			return rows, traced, fmt.Errorf("unpack %s, %d layers, on %s, traced: %w", c.Name, n, fs, err)
+		}
+		traced = append(traced, UnpackSyscalls{Contender: c.Name, FS: fs, Layers: n, Calls: calls})
+		cfg.Logf("unpack %d layers on %s, %s traced: %v", n, fs, c.Name, calls)
+	}
+	return rows, traced, nil
+}
+
+// mountJournaledExt4 mounts a fresh ext4 with mkfs.ext4's default journal
+// on a loop device at dir, from a sparse image file beside it, and returns
+// what unmounts it and removes the image. The inode tables and journal are
+// written at mkfs time, so no lazy initialisation runs in the background
+// of the measurement.
+func mountJournaledExt4(ctx context.Context, dir string) (unmount func() error, err error) {
+	img := dir + ".img"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("ext4 with a journal: %w", err)
+	}
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("ext4 with a journal: %w", err)
+	}
+	err = f.Truncate(8 << 30)
+	err = errors.Join(err, f.Close())
+	removeImage := func() error { return os.Remove(img) }
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("ext4 with a journal: size %s: %w", img, err), removeImage())
+	}
+	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", img).CombinedOutput(); err != nil {
+		return nil, errors.Join(fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, out), removeImage())
+	}
+	if out, err := exec.CommandContext(ctx, "mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		return nil, errors.Join(fmt.Errorf("mount %s on %s: %w: %s", img, dir, err, out), removeImage())
+	}
+	return func() error {
+		// mount -o loop sets autoclear: the loop device goes with the
+		// last unmount.
+		if err := unix.Unmount(dir, 0); err != nil {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+		return errors.Join(os.Remove(dir), removeImage())
+	}, nil
 }
 
 // unpackChain makes, removes and cleans up one chain of n layers, then
-// times a second one.
-func unpackChain(ctx context.Context, d *daemon, n int) (float64, error) {
+// times a second one; traced, it counts the daemon's syscalls of
+// unpackTraced during the second one instead (at least two fsyncs per
+// layer, one per metadata transaction, or the trace lost the daemon).
+func unpackChain(ctx context.Context, d *daemon, n int, traced bool) (float64, map[string]int, error) {
 	keys, err := layerChain(ctx, d.sn, "warm", n)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
 		if err := d.sn.Remove(ctx, keys[i]); err != nil {
-			return 0, fmt.Errorf("remove %q: %w", keys[i], err)
+			return 0, nil, fmt.Errorf("remove %q: %w", keys[i], err)
 		}
 	}
 	if cl, ok := d.sn.(snapshots.Cleaner); ok {
 		if err := cl.Cleanup(ctx); err != nil {
-			return 0, fmt.Errorf("cleanup: %w", err)
+			return 0, nil, fmt.Errorf("cleanup: %w", err)
+		}
+	}
+	var tr *harness.MountTrace
+	if traced {
+		if tr, err = harness.StartSyscallTrace(unpackTraced, d.PID()); err != nil {
+			return 0, nil, err
 		}
 	}
 	t0 := time.Now()
-	if _, err := layerChain(ctx, d.sn, "timed", n); err != nil {
-		return 0, err
+	_, err = layerChain(ctx, d.sn, "timed", n)
+	secs := time.Since(t0).Seconds()
+	if tr == nil {
+		return secs, nil, err
 	}
-	return time.Since(t0).Seconds(), nil
+	counts, terr := tr.Stop()
+	if err = errors.Join(err, terr); err != nil {
+		return 0, nil, err
+	}
+	calls := map[string]int{}
+	for _, byCall := range counts {
+		for call, k := range byCall {
+			calls[call] += k
+		}
+	}
+	if syncs := calls["fsync"] + calls["fdatasync"] + calls["sync_file_range"]; syncs < 2*n {
+		return 0, nil, fmt.Errorf("traced %d fsyncs in a chain of %d layers, want at least %d (one per metadata transaction): the trace lost the daemon", syncs, n, 2*n)
+	}
+	return secs, calls, nil
 }
 
 // layerChain commits n layers of one file each and returns their names,
@@ -122,13 +243,21 @@ func upperOf(mounts []mount.Mount) (string, error) {
 	return "", fmt.Errorf("a %s mount without an upperdir", m.Type)
 }
 
-func unpackSamples(res *Results, contender string, layers int) []float64 {
+// unpackFS is r's filesystem, FSMachine for rows of earlier runs.
+func (r UnpackRow) fs() string {
+	if r.FS == "" {
+		return FSMachine
+	}
+	return r.FS
+}
+
+func unpackSamples(res *Results, contender, fs string, layers int) []float64 {
 	s := make([]float64, res.Config.PullReps)
 	for i := range s {
 		s[i] = math.NaN()
 	}
 	for _, r := range res.Unpacks {
-		if r.Contender == contender && r.Layers == layers && r.Rep < len(s) {
+		if r.Contender == contender && r.Layers == layers && r.fs() == fs && r.Rep < len(s) {
 			s[r.Rep] = r.Seconds
 		}
 	}
@@ -137,55 +266,96 @@ func unpackSamples(res *Results, contender string, layers int) []float64 {
 
 // unpackRatio is grouped view ÷ other at layers, with its bootstrap
 // interval.
-func unpackRatio(res *Results, other string, layers int) Interval {
+func unpackRatio(res *Results, other, fs string, layers int) Interval {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "unpack/%s/%d", other, layers)
-	return BootstrapRatio(unpackSamples(res, Grouped, layers), unpackSamples(res, other, layers), bootstrapResamples, h.Sum64())
+	// Rows of earlier runs (all on the machine's filesystem) keep the seed
+	// they were reported with.
+	if fs == FSMachine {
+		fmt.Fprintf(h, "unpack/%s/%d", other, layers)
+	} else {
+		fmt.Fprintf(h, "unpack/%s/%s/%d", fs, other, layers)
+	}
+	return BootstrapRatio(unpackSamples(res, Grouped, fs, layers), unpackSamples(res, other, fs, layers), bootstrapResamples, h.Sum64())
+}
+
+// fsLabel names a filesystem of scenario 3b in the report.
+func fsLabel(res *Results, fs string) string {
+	switch fs {
+	case FSExt4Journal:
+		return "ext4 with a journal (loop device)"
+	case FSMachine:
+		if res.Machine.TempFS != "" {
+			return "this machine's (" + res.Machine.TempFS + ")"
+		}
+	}
+	return fs
 }
 
 func writeUnpacks(b *strings.Builder, res *Results) {
 	if len(res.Unpacks) == 0 {
 		return
 	}
-	b.WriteString("## 3b. The snapshot side of a pull\n\nWhat the snapshotter does in a pull, without containerd: per repetition a fresh daemon of each contender with a socket (containerd's overlayfs is built in; its control is overlayfs behind proxy), a chain of the given layers made, removed and cleaned up (as the previous image is collected before each pull of scenario 3), then a timed chain: per layer a Prepare through containerd's proxy client, one small file written into its upper (as containerd's applier does) and a Commit. A pull spends most of its time in containerd's own work, the same for every contender, so its ratio dilutes a difference in the snapshotter's; this is that difference alone. The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval.\n\n")
-	b.WriteString("| layers | contender | time, s | per layer, ms | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|\n")
-	for _, n := range res.Config.UnpackLayers {
-		for _, c := range apiContenders {
-			var vals []float64
-			for _, v := range unpackSamples(res, c.Name, n) {
-				if !math.IsNaN(v) {
-					vals = append(vals, v)
+	b.WriteString("## 3b. The snapshot side of a pull\n\nWhat the snapshotter does in a pull, without containerd: per repetition a fresh daemon of each contender with a socket (containerd's overlayfs is built in; its control is overlayfs behind proxy), a chain of the given layers made, removed and cleaned up (as the previous image is collected before each pull of scenario 3), then a timed chain: per layer a Prepare through containerd's proxy client, one small file written into its upper (as containerd's applier does) and a Commit. A pull spends most of its time in containerd's own work, the same for every contender, so its ratio dilutes a difference in the snapshotter's; this is that difference alone. It runs on the machine's filesystem, where every other scenario runs, and on a fresh ext4 with mkfs.ext4's default journal on a loop device, as a node's /var/lib usually is: without a journal, ext4 skips inodes freed in the last minutes when it allocates one, so making a directory after an image was removed costs more there. The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval.\n\n")
+	b.WriteString("| filesystem | layers | contender | time, s | per layer, ms | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|---|\n")
+	for _, fs := range res.Config.unpackFilesystems() {
+		for _, n := range res.Config.UnpackLayers {
+			for _, c := range apiContenders {
+				var vals []float64
+				for _, v := range unpackSamples(res, c.Name, fs, n) {
+					if !math.IsNaN(v) {
+						vals = append(vals, v)
+					}
 				}
+				if len(vals) == 0 {
+					continue
+				}
+				s := Summarize(vals)
+				r := "–"
+				if c.Name != Grouped {
+					r = unpackRatio(res, c.Name, fs, n).format()
+				}
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %.2f | %s |\n", fsLabel(res, fs), n, c.Name, s.format("%.3f"), 1000*s.Median/float64(n), r)
 			}
-			if len(vals) == 0 {
-				continue
-			}
-			s := Summarize(vals)
-			r := "–"
-			if c.Name != Grouped {
-				r = unpackRatio(res, c.Name, n).format()
-			}
-			fmt.Fprintf(b, "| %d | %s | %s | %.2f | %s |\n", n, c.Name, s.format("%.3f"), 1000*s.Median/float64(n), r)
 		}
+	}
+	b.WriteString("\n")
+	if len(res.UnpackSyscalls) == 0 {
+		return
+	}
+	b.WriteString("Syscalls per layer of the daemon in one more chain per contender, traced (tracefs, the daemon's threads), not timed: the fsync family is the metadata store's durability (bbolt syncs twice per write transaction, and Prepare and Commit are one transaction each); directory operations are the layer's directories.\n\n")
+	b.WriteString("| filesystem | layers | contender | fsync, fdatasync | mkdir | rename | unlink, rmdir |\n|---|---|---|---|---|---|---|\n")
+	for _, t := range res.UnpackSyscalls {
+		per := func(calls ...string) string {
+			k := 0
+			for _, c := range calls {
+				k += t.Calls[c]
+			}
+			return fmt.Sprintf("%.2f", float64(k)/float64(t.Layers))
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s |\n", fsLabel(res, t.FS), t.Layers, t.Contender,
+			per("fsync", "fdatasync", "sync_file_range"), per("mkdir", "mkdirat"), per("rename", "renameat", "renameat2"), per("unlink", "unlinkat", "rmdir"))
 	}
 	b.WriteString("\n")
 }
 
 // unpackTargets put the snapshot side beside issue 13's pull target
 // against the proxy control: grouped's own work no costlier than
-// containerd's overlay code, measured without containerd's share.
+// containerd's overlay code, measured without containerd's share, on each
+// filesystem.
 func unpackTargets(res *Results) []target {
 	var ts []target
-	for _, n := range res.Config.UnpackLayers {
-		iv := unpackRatio(res, OverlayProxyName, n)
-		if iv.N == 0 {
-			continue
+	for _, fs := range res.Config.unpackFilesystems() {
+		for _, n := range res.Config.UnpackLayers {
+			iv := unpackRatio(res, OverlayProxyName, fs, n)
+			if iv.N == 0 {
+				continue
+			}
+			m := iv.format()
+			if !iv.Below(1.00) {
+				m += fmt.Sprintf(" (upper end %.0f%% over)", (iv.High-1)*100)
+			}
+			ts = append(ts, target{what: fmt.Sprintf("(13, snapshot side) %d layers on %s: Prepare, write, Commit over the socket, grouped view ÷ overlayfs behind proxy ≤ 1.00 (95%% CI upper end under it)", n, fsLabel(res, fs)), measured: m, met: iv.Below(1.00)})
 		}
-		m := iv.format()
-		if !iv.Below(1.00) {
-			m += fmt.Sprintf(" (upper end %.0f%% over)", (iv.High-1)*100)
-		}
-		ts = append(ts, target{what: fmt.Sprintf("(13, snapshot side) %d layers: Prepare, write, Commit over the socket, grouped view ÷ overlayfs behind proxy ≤ 1.00 (95%% CI upper end under it)", n), measured: m, met: iv.Below(1.00)})
 	}
 	return ts
 }

@@ -1,8 +1,13 @@
 package bench
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/containerd/containerd/v2/core/mount"
 )
@@ -58,5 +63,131 @@ func TestUnpackTargets(t *testing.T) {
 	res.Unpacks = res.Unpacks[:0]
 	if ts := unpackTargets(res); len(ts) != 0 {
 		t.Errorf("targets without rows: %+v", ts)
+	}
+}
+
+// TestUnpackFilesystems: rows of earlier runs (no FS) count as the
+// machine's filesystem, each filesystem gets its own target and table rows,
+// and the traced chains give syscalls per layer.
+func TestUnpackFilesystems(t *testing.T) {
+	cfg := Full()
+	cfg.UnpackLayers = []int{50}
+	cfg.UnpackFilesystems = []string{FSMachine, FSExt4Journal}
+	res := &Results{Config: cfg, Machine: Machine{TempFS: "ext4"}}
+	for rep := range cfg.PullReps {
+		o := 1.0 + float64(rep%5)*0.02
+		res.Unpacks = append(res.Unpacks,
+			UnpackRow{Contender: OverlayProxyName, Rep: rep, Layers: 50, Seconds: o},
+			UnpackRow{Contender: Grouped, Rep: rep, Layers: 50, Seconds: o * 0.8},
+			UnpackRow{Contender: OverlayProxyName, Rep: rep, Layers: 50, FS: FSExt4Journal, Seconds: o},
+			UnpackRow{Contender: Grouped, Rep: rep, Layers: 50, FS: FSExt4Journal, Seconds: o * 1.1})
+	}
+	res.UnpackSyscalls = []UnpackSyscalls{
+		{Contender: Grouped, FS: FSExt4Journal, Layers: 50, Calls: map[string]int{"fdatasync": 200, "mkdirat": 51, "renameat": 48, "unlinkat": 0}},
+	}
+	if tg := findTarget(t, unpackTargets(res), "50 layers on this machine's (ext4)"); !tg.met {
+		t.Errorf("machine's filesystem, 0.8x: %+v, want met", tg)
+	}
+	if tg := findTarget(t, unpackTargets(res), "50 layers on ext4 with a journal"); tg.met {
+		t.Errorf("journaled ext4, 1.1x: %+v, want missed", tg)
+	}
+	var b strings.Builder
+	writeUnpacks(&b, res)
+	for _, want := range []string{
+		"| this machine's (ext4) | 50 | overlayfs behind proxy |",
+		"| ext4 with a journal (loop device) | 50 | overlayfs behind proxy |",
+		"0.80×", "1.10×",
+		"| ext4 with a journal (loop device) | 50 | grouped view | 4.00 | 1.02 | 0.96 | 0.00 |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	cfg.UnpackFilesystems = []string{"tmpfs"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `"tmpfs"`) {
+		t.Errorf("unknown filesystem: %v", err)
+	}
+}
+
+// TestMountJournaledExt4 makes, uses and removes scenario 3b's loop
+// filesystem: it must be ext4 with a journal, and nothing may be left.
+func TestMountJournaledExt4(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("mounting a loop device needs root; run as root, as CI does")
+	}
+	dir := filepath.Join(t.TempDir(), "fs")
+	unmount, err := mountJournaledExt4(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			unmount()
+		}
+	}()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Type != unix.EXT4_SUPER_MAGIC {
+		t.Fatalf("statfs %s: type %#x, %v; want ext4", dir, st.Type, err)
+	}
+	out, err := exec.Command("dumpe2fs", "-h", dir+".img").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "has_journal") {
+		t.Errorf("dumpe2fs %s.img: %v, no has_journal in:\n%s", dir, err, out)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	if err := unmount(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, dir + ".img"} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left behind: %v", p, err)
+		}
+	}
+}
+
+// TestExt4HasJournal: the machine description tells an ext4 with a journal
+// from one without.
+func TestExt4HasJournal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("mounting a loop device needs root; run as root, as CI does")
+	}
+	dir := filepath.Join(t.TempDir(), "journaled")
+	unmount, err := mountJournaledExt4(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := ext4HasJournal(filepath.Join(dir, "sub"))
+	if err := unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if !has {
+		t.Error("a fresh mkfs.ext4 has a journal, but ext4HasJournal says no")
+	}
+
+	img, bare := filepath.Join(t.TempDir(), "bare.img"), filepath.Join(t.TempDir(), "bare")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	if err := os.Mkdir(bare, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, bare).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v\n%s", err, out)
+	}
+	has = ext4HasJournal(bare)
+	if err := unix.Unmount(bare, 0); err != nil {
+		t.Fatal(err)
+	}
+	if has {
+		t.Error("an ext4 made without a journal, but ext4HasJournal says it has one")
 	}
 }

@@ -44,6 +44,8 @@ func run() error {
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
 	importLayers := flag.String("import-layers", "", "comma-separated layer counts of the import scenario (default: the configuration's)")
 	contenders := flag.String("contenders", "", "comma-separated contenders to run besides grouped view, e.g. \"overlayfs,overlayfs behind proxy\" (default all)")
+	unpackLayers := flag.String("unpack-layers", "", "comma-separated chain lengths of scenario 3b, unpack (default: the configuration's)")
+	unpackFS := flag.String("unpack-fs", "", "comma-separated filesystems of scenario 3b: "+strings.Join(bench.UnpackFilesystemNames, ",")+" (default: the configuration's)")
 	flag.Parse()
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
@@ -112,6 +114,14 @@ func run() error {
 		if cfg.StartLayers, err = layerCounts("start-layers", *startLayers); err != nil {
 			return err
 		}
+	}
+	if *unpackLayers != "" {
+		if cfg.UnpackLayers, err = layerCounts("unpack-layers", *unpackLayers); err != nil {
+			return err
+		}
+	}
+	if *unpackFS != "" {
+		cfg.UnpackFilesystems = strings.Split(*unpackFS, ",")
 	}
 	if *importLayers != "" {
 		if cfg.ImportLayers, err = layerCounts("import-layers", *importLayers); err != nil {
