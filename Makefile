@@ -34,7 +34,7 @@ demo: tools
 # containerd's overlayfs (in process and behind a proxy) on containerd
 # v2.4.2 and v2.0.5, and containerd's erofs on v2.4.2, interleaved. Writes
 # bench/results/<name>.{md,json,png} and prints the tables; bench takes
-# about 40 minutes on 2 cores (15 repetitions of every pull), bench-quick
+# about 100 minutes on 2 cores (15 repetitions of every pull, burst and unpack chain), bench-quick
 # about 4.
 bench: tools
 	cd bench && $(GO) run ./cmd/bench

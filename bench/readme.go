@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -45,6 +46,8 @@ func ReadmeTables(res *Results) string {
 	readmeStarts(&b, res)
 	readmeBursts(&b, res)
 	readmePulls(&b, res)
+	readmeUnpacks(&b, res)
+	readmeTargets(&b, res)
 	return b.String()
 }
 
@@ -169,11 +172,71 @@ func readmePulls(b *strings.Builder, res *Results) {
 		}
 	}
 	b.WriteString("\n")
-	if ts := pullTargets(res); len(ts) > 0 {
-		b.WriteString("Pull targets (met only when the interval's upper end is under the limit):\n\n| target | measured | |\n|---|---|---|\n")
-		for _, t := range ts {
-			b.WriteString(t.row())
-		}
-		b.WriteString("\n")
+}
+
+// readmeUnpacks is scenario 3b in short: grouped view against the proxy
+// control on each filesystem, and what a layer cost each in syscalls.
+func readmeUnpacks(b *strings.Builder, res *Results) {
+	if len(res.Unpacks) == 0 {
+		return
 	}
+	b.WriteString("The snapshot side of a pull alone (scenario 3b: Prepare, one file written, Commit per layer, over the socket, no containerd), median time and grouped view ÷ overlayfs behind proxy with its 95% CI:\n\n| filesystem | layers | grouped view | overlayfs behind proxy | grouped view ÷ proxy control |\n|---|---|---|---|---|\n")
+	for _, fs := range res.Config.unpackFilesystems() {
+		for _, n := range res.Config.UnpackLayers {
+			g := Summarize(finite(unpackSamples(res, Grouped, fs, n)))
+			o := Summarize(finite(unpackSamples(res, OverlayProxyName, fs, n)))
+			if g.N == 0 || o.N == 0 {
+				continue
+			}
+			fmt.Fprintf(b, "| %s | %d | %.3f s | %.3f s | %s |\n", fsLabel(res, fs), n, g.Median, o.Median, unpackRatio(res, OverlayProxyName, fs, n).format())
+		}
+	}
+	b.WriteString("\n")
+	if len(res.UnpackSyscalls) > 0 {
+		b.WriteString("Per layer in a traced chain (fsync family; mkdir; rename): ")
+		var parts []string
+		for _, t := range res.UnpackSyscalls {
+			// grouped shim makes the same directories as grouped view.
+			if t.Contender != Grouped && t.Contender != OverlayProxyName {
+				continue
+			}
+			per := func(calls ...string) float64 {
+				k := 0
+				for _, c := range calls {
+					k += t.Calls[c]
+				}
+				return float64(k) / float64(t.Layers)
+			}
+			parts = append(parts, fmt.Sprintf("%s on %s %.2g; %.2g; %.2g", t.Contender, fsLabel(res, t.FS),
+				per("fsync", "fdatasync", "sync_file_range"), per("mkdir", "mkdirat"), per("rename", "renameat", "renameat2")))
+		}
+		b.WriteString(strings.Join(parts, " · ") + ".\n\n")
+	}
+}
+
+// readmeTargets are issue 13's targets as the report checks them.
+func readmeTargets(b *strings.Builder, res *Results) {
+	var rows []string
+	for _, t := range allTargets(res) {
+		if strings.HasPrefix(t.what, "(13") {
+			rows = append(rows, t.row())
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("Issue 13's targets, checked against this run (an interval's target is met only when its upper end is under the limit):\n\n| target | measured | |\n|---|---|---|\n")
+	b.WriteString(strings.Join(rows, ""))
+	b.WriteString("\n")
+}
+
+// finite drops the NaNs of repetitions that did not run.
+func finite(xs []float64) []float64 {
+	var out []float64
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -21,7 +21,8 @@ func (t target) row() string {
 	return fmt.Sprintf("| %s | %s | %s |\n", t.what, t.measured, verdict)
 }
 
-func writeTargets(b *strings.Builder, res *Results) {
+// allTargets are every target checked against res, in report order.
+func allTargets(res *Results) []target {
 	var ts []target
 	ts = append(ts, startTargets(res)...)
 	ts = append(ts, burstTargets(res)...)
@@ -29,6 +30,11 @@ func writeTargets(b *strings.Builder, res *Results) {
 	ts = append(ts, unpackTargets(res)...)
 	ts = append(ts, erofsTargets(res)...)
 	ts = append(ts, apiTargets(res)...)
+	return ts
+}
+
+func writeTargets(b *strings.Builder, res *Results) {
+	ts := allTargets(res)
 	if len(ts) == 0 {
 		return
 	}
@@ -223,8 +229,12 @@ func apiTargets(res *Results) []target {
 	}
 	_, _, calls := apiSummary(res.API, "grouped view", opMountsMapped)
 	p50, _, _ := apiSummary(res.API, "grouped view", opPrepareNew)
+	inUse, _, _ := apiSummary(res.API, "grouped view", opPrepareExisting)
+	// Each repetition gives a p50; the target holds for their median.
 	return []target{
 		{what: "(4) grouped view: Mounts for a mapping in use adds no mount syscall", measured: fmt.Sprintf("%.2g per call", calls), met: calls == 0},
 		{what: "(4) grouped view: the call that makes a new mapping's view ≤ 2 ms p50", measured: fmt.Sprintf("Prepare, new mapping: %.3f ms p50", p50.Median), met: p50.N > 0 && p50.Median <= 2},
+		{what: "(13) grouped view: first Prepare of a new mapping ≤ 1.5 ms p50", measured: fmt.Sprintf("%.3f ms p50 (median of %d repetitions)", p50.Median, p50.N), met: p50.N > 0 && p50.Median <= 1.5},
+		{what: "(13) grouped view: Prepare with the mapping in use ≤ 1.2 ms p50", measured: fmt.Sprintf("%.3f ms p50 (median of %d repetitions)", inUse.Median, inUse.N), met: inUse.N > 0 && inUse.Median <= 1.2},
 	}
 }
