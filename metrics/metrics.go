@@ -6,7 +6,6 @@ package metrics
 
 import (
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -87,11 +86,8 @@ func (m *Metrics) observeMounts(mounts []mount.Mount) {
 		switch mt.Type {
 		case "overlay":
 			m.layers.Observe(float64(mountgroup.LowerCount(mt)))
-			data, _ := mountgroup.ShimMountData(mt, unix.Getpagesize())
-			for _, o := range strings.Split(data, ",") {
-				if strings.HasPrefix(o, "lowerdir=") {
-					m.lowerdirs.Observe(float64(len(o)))
-				}
+			if n := mountgroup.ShimLowerdirLen(mt, unix.Getpagesize()); n > 0 {
+				m.lowerdirs.Observe(float64(n))
 			}
 		case "bind":
 			m.layers.Observe(1)

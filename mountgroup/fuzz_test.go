@@ -69,6 +69,27 @@ func FuzzShimMountData(f *testing.F) {
 		joined = strings.ReplaceAll(joined, ",", ";")
 		m := mount.Mount{Type: typ, Source: typ, Options: strings.Split(joined, "\x00")}
 		data, chdir := ShimMountData(m, pagesize)
+		if n := shimMountDataLen(m, pagesize); n != len(data) {
+			t.Fatalf("shimMountDataLen = %d, but the data %q is %d bytes", n, data, len(data))
+		}
+		// ShimLowerdirLen is the length of the first lowerdir option in the
+		// data, or, when the shim rewrote one, of the rewritten one, which
+		// it moves last.
+		parts := strings.Split(data, ",")
+		wantLower := 0
+		if i, _ := shimRewrite(m, pagesize); i >= 0 {
+			wantLower = len(parts[len(parts)-1])
+		} else {
+			for _, o := range parts {
+				if strings.HasPrefix(o, "lowerdir=") {
+					wantLower = len(o)
+					break
+				}
+			}
+		}
+		if n := ShimLowerdirLen(m, pagesize); n != wantLower {
+			t.Fatalf("ShimLowerdirLen = %d, want %d for %q", n, wantLower, data)
+		}
 		for _, o := range strings.Split(data, ",") {
 			if isShimFlag(o) && o != "" {
 				t.Fatalf("mount data %q carries the shim flag %q", data, o)
