@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Machine describes where a run happened: absolute times only mean
@@ -83,26 +85,22 @@ func utsString(b []int8) string {
 // journal: its sysfs journal_task names jbd2's thread, or "<none>". It
 // says true when it cannot tell.
 func ext4HasJournal(path string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.ParentsFilter(path))
 	if err != nil {
 		return true
 	}
-	// The mount holding path is the longest mount point that prefixes it.
-	var source, best string
-	for _, line := range strings.Split(string(data), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 2 || g[0] != "ext4" {
-			continue
-		}
-		mp := f[4]
-		if (path == mp || strings.HasPrefix(path, strings.TrimSuffix(mp, "/")+"/")) && len(mp) > len(best) {
-			best, source = mp, g[1]
+	// The mount holding path is the deepest one over it, the last listed
+	// when mounts are stacked.
+	var holder *mountinfo.Info
+	for _, m := range mounts {
+		if holder == nil || len(m.Mountpoint) >= len(holder.Mountpoint) {
+			holder = m
 		}
 	}
-	if source == "" {
+	if holder == nil || holder.FSType != "ext4" {
 		return true
 	}
+	source := holder.Source
 	if dev, err := filepath.EvalSymlinks(source); err == nil {
 		source = dev
 	}

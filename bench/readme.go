@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // The README's benchmark tables sit between these markers; make
@@ -200,15 +202,8 @@ func readmeUnpacks(b *strings.Builder, res *Results) {
 			if t.Contender != Grouped && t.Contender != OverlayProxyName {
 				continue
 			}
-			per := func(calls ...string) float64 {
-				k := 0
-				for _, c := range calls {
-					k += t.Calls[c]
-				}
-				return float64(k) / float64(t.Layers)
-			}
 			parts = append(parts, fmt.Sprintf("%s on %s %.2g; %.2g; %.2g", t.Contender, fsLabel(res, t.FS),
-				per("fsync", "fdatasync", "sync_file_range"), per("mkdir", "mkdirat"), per("rename", "renameat", "renameat2")))
+				t.perLayer(harness.SyncSyscalls), t.perLayer(mkdirCalls), t.perLayer(renameCalls)))
 		}
 		b.WriteString(strings.Join(parts, " · ") + ".\n\n")
 	}

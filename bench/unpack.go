@@ -42,9 +42,24 @@ type UnpackSyscalls struct {
 	Calls map[string]int
 }
 
-// unpackTraced are the syscalls the traced pass counts: the fsync family
-// (the metadata store's durability) and directory operations.
-var unpackTraced = []string{"fsync", "fdatasync", "sync_file_range", "mkdir", "mkdirat", "rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir"}
+// The syscall groups of the traced pass: the fsync family (the metadata
+// store's durability) and the directory operations.
+var (
+	mkdirCalls  = []string{"mkdir", "mkdirat"}
+	renameCalls = []string{"rename", "renameat", "renameat2"}
+	removeCalls = []string{"unlink", "unlinkat", "rmdir"}
+	// unpackTraced are all the syscalls the traced pass counts.
+	unpackTraced = slices.Concat(harness.SyncSyscalls, mkdirCalls, renameCalls, removeCalls)
+)
+
+// perLayer is the number of calls of the given syscalls per layer.
+func (t UnpackSyscalls) perLayer(calls []string) float64 {
+	k := 0
+	for _, c := range calls {
+		k += t.Calls[c]
+	}
+	return float64(k) / float64(t.Layers)
+}
 
 // runUnpacks is scenario 3b, the snapshot side of a pull without
 // containerd: per filesystem, repetition and contender (interleaved), a
@@ -121,24 +136,26 @@ func unpacksOn(ctx context.Context, cfg Config, bins daemonBins, root, fs string
 // of the measurement.
 func mountJournaledExt4(ctx context.Context, dir string) (unmount func() error, err error) {
 	img := dir + ".img"
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, fmt.Errorf("ext4 with a journal: %w", err)
 	}
+	// A directory of its own, so that a failure removes all it made.
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("ext4 with a journal: %w", err)
+	}
+	remove := func() error { return errors.Join(os.Remove(dir), os.Remove(img)) }
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("ext4 with a journal: %w", err)
+		return nil, errors.Join(fmt.Errorf("ext4 with a journal: %w", err), os.Remove(dir))
 	}
-	err = f.Truncate(8 << 30)
-	err = errors.Join(err, f.Close())
-	removeImage := func() error { return os.Remove(img) }
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("ext4 with a journal: size %s: %w", img, err), removeImage())
+	if err := errors.Join(f.Truncate(8<<30), f.Close()); err != nil {
+		return nil, errors.Join(fmt.Errorf("ext4 with a journal: size %s: %w", img, err), remove())
 	}
 	if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", img).CombinedOutput(); err != nil {
-		return nil, errors.Join(fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, out), removeImage())
+		return nil, errors.Join(fmt.Errorf("mkfs.ext4 %s: %w: %s", img, err, out), remove())
 	}
 	if out, err := exec.CommandContext(ctx, "mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
-		return nil, errors.Join(fmt.Errorf("mount %s on %s: %w: %s", img, dir, err, out), removeImage())
+		return nil, errors.Join(fmt.Errorf("mount %s on %s: %w: %s", img, dir, err, out), remove())
 	}
 	return func() error {
 		// mount -o loop sets autoclear: the loop device goes with the
@@ -146,7 +163,7 @@ func mountJournaledExt4(ctx context.Context, dir string) (unmount func() error, 
 		if err := unix.Unmount(dir, 0); err != nil {
 			return fmt.Errorf("unmount %s: %w", dir, err)
 		}
-		return errors.Join(os.Remove(dir), removeImage())
+		return remove()
 	}, nil
 }
 
@@ -185,15 +202,16 @@ func unpackChain(ctx context.Context, d *daemon, n int, traced bool) (float64, m
 	if err = errors.Join(err, terr); err != nil {
 		return 0, nil, err
 	}
-	calls := map[string]int{}
+	t := UnpackSyscalls{Layers: n, Calls: map[string]int{}}
 	for _, byCall := range counts {
 		for call, k := range byCall {
-			calls[call] += k
+			t.Calls[call] += k
 		}
 	}
-	if syncs := calls["fsync"] + calls["fdatasync"] + calls["sync_file_range"]; syncs < 2*n {
-		return 0, nil, fmt.Errorf("traced %d fsyncs in a chain of %d layers, want at least %d (one per metadata transaction): the trace lost the daemon", syncs, n, 2*n)
+	if syncs := t.perLayer(harness.SyncSyscalls); syncs < 2 {
+		return 0, nil, fmt.Errorf("traced %.2f fsyncs per layer in a chain of %d layers, want at least 2 (one per metadata transaction): the trace lost the daemon", syncs, n)
 	}
+	calls := t.Calls
 	return secs, calls, nil
 }
 
@@ -300,16 +318,10 @@ func writeUnpacks(b *strings.Builder, res *Results) {
 	for _, fs := range res.Config.unpackFilesystems() {
 		for _, n := range res.Config.UnpackLayers {
 			for _, c := range apiContenders {
-				var vals []float64
-				for _, v := range unpackSamples(res, c.Name, fs, n) {
-					if !math.IsNaN(v) {
-						vals = append(vals, v)
-					}
-				}
-				if len(vals) == 0 {
+				s := Summarize(finite(unpackSamples(res, c.Name, fs, n)))
+				if s.N == 0 {
 					continue
 				}
-				s := Summarize(vals)
 				r := "–"
 				if c.Name != Grouped {
 					r = unpackRatio(res, c.Name, fs, n).format()
@@ -325,15 +337,8 @@ func writeUnpacks(b *strings.Builder, res *Results) {
 	b.WriteString("Syscalls per layer of the daemon in one more chain per contender, traced (tracefs, the daemon's threads), not timed: the fsync family is the metadata store's durability (bbolt syncs twice per write transaction, and Prepare and Commit are one transaction each); directory operations are the layer's directories.\n\n")
 	b.WriteString("| filesystem | layers | contender | fsync, fdatasync | mkdir | rename | unlink, rmdir |\n|---|---|---|---|---|---|---|\n")
 	for _, t := range res.UnpackSyscalls {
-		per := func(calls ...string) string {
-			k := 0
-			for _, c := range calls {
-				k += t.Calls[c]
-			}
-			return fmt.Sprintf("%.2f", float64(k)/float64(t.Layers))
-		}
-		fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s |\n", fsLabel(res, t.FS), t.Layers, t.Contender,
-			per("fsync", "fdatasync", "sync_file_range"), per("mkdir", "mkdirat"), per("rename", "renameat", "renameat2"), per("unlink", "unlinkat", "rmdir"))
+		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", fsLabel(res, t.FS), t.Layers, t.Contender,
+			t.perLayer(harness.SyncSyscalls), t.perLayer(mkdirCalls), t.perLayer(renameCalls), t.perLayer(removeCalls))
 	}
 	b.WriteString("\n")
 }

@@ -157,7 +157,7 @@ func shimMountDataLen(m mount.Mount, pagesize int) int {
 
 // shimRewrite returns the index of the lowerdir option the shim rewrites
 // relative to a common directory, and the rewritten option's length; -1
-// when it rewrites nothing. It follows ShimMountData and relativeLowerdirs.
+// when it rewrites nothing. It follows ShimMountData without building.
 func shimRewrite(m mount.Mount, pagesize int) (index, length int) {
 	if m.Type != "overlay" {
 		return -1, 0
@@ -169,42 +169,14 @@ func shimRewrite(m mount.Mount, pagesize int) (index, length int) {
 	if size < pagesize-shimCompactMargin {
 		return -1, 0
 	}
-	index = -1
-	var value string
-	for i, o := range m.Options {
-		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
-			index, value = i, v
-			break
-		}
-	}
-	count := strings.Count(value, ":") + 1
-	if index == -1 || count < 2 {
+	index, value := firstLowerdir(m.Options)
+	common, ok := commonLowerParent(value)
+	if index == -1 || !ok {
 		return -1, 0
 	}
-	prefix, _, _ := strings.Cut(value, ":")
-	for d := range strings.SplitSeq(value, ":") {
-		n := 0
-		for n < len(prefix) && n < len(d) && prefix[n] == d[n] {
-			n++
-		}
-		prefix = prefix[:n]
-	}
-	if prefix == "" {
-		return -1, 0
-	}
-	common := path.Dir(prefix)
-	if common == "/" || common == "." {
-		return -1, 0
-	}
-	cut := len(common) + 1
-	length = len("lowerdir=") + count - 1
-	for d := range strings.SplitSeq(value, ":") {
-		if len(d) <= cut {
-			return -1, 0
-		}
-		length += len(d) - cut
-	}
-	return index, length
+	// Every lowerdir loses the common directory; the separators stay.
+	dirs := strings.Count(value, ":") + 1
+	return index, len("lowerdir=") + len(value) - dirs*len(common)
 }
 
 // LowerCount returns the number of lowerdirs of an overlay mount.
@@ -245,38 +217,14 @@ func ShimMountData(m mount.Mount, pagesize int) (data, chdir string) {
 // relativeLowerdirs reproduces the shim's rewrite: the common directory is
 // the parent of the lowerdirs' longest common string prefix.
 func relativeLowerdirs(options []string) (string, []string) {
-	idx := -1
-	var dirs []string
-	for i, o := range options {
-		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
-			idx, dirs = i, strings.Split(v, ":")
-			break
-		}
-	}
-	if idx == -1 || len(dirs) < 2 {
+	idx, value := firstLowerdir(options)
+	common, ok := commonLowerParent(value)
+	if idx == -1 || !ok {
 		return "", options
 	}
-	prefix := dirs[0]
-	for _, d := range dirs[1:] {
-		n := 0
-		for n < len(prefix) && n < len(d) && prefix[n] == d[n] {
-			n++
-		}
-		prefix = prefix[:n]
-	}
-	if prefix == "" {
-		return "", options
-	}
-	common := path.Dir(prefix)
-	if common == "/" || common == "." {
-		return "", options
-	}
-	common += "/"
+	dirs := strings.Split(value, ":")
 	rel := make([]string, len(dirs))
 	for i, d := range dirs {
-		if len(d) <= len(common) {
-			return "", options
-		}
 		rel[i] = d[len(common):]
 	}
 	out := make([]string, 0, len(options))
@@ -284,6 +232,50 @@ func relativeLowerdirs(options []string) (string, []string) {
 	out = append(out, options[idx+1:]...)
 	out = append(out, "lowerdir="+strings.Join(rel, ":"))
 	return common, out
+}
+
+// firstLowerdir returns the index and value of the first lowerdir option,
+// -1 without one.
+func firstLowerdir(options []string) (int, string) {
+	for i, o := range options {
+		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+			return i, v
+		}
+	}
+	return -1, ""
+}
+
+// commonLowerParent returns the directory, with a trailing slash, that the
+// shim makes the lowerdirs of value (":"-separated) relative to: the parent
+// of their longest common string prefix. ok is false when it keeps them as
+// they are: fewer than two, no such directory, or one of them no longer
+// than it.
+func commonLowerParent(value string) (common string, ok bool) {
+	if !strings.Contains(value, ":") {
+		return "", false
+	}
+	prefix, _, _ := strings.Cut(value, ":")
+	for d := range strings.SplitSeq(value, ":") {
+		n := 0
+		for n < len(prefix) && n < len(d) && prefix[n] == d[n] {
+			n++
+		}
+		prefix = prefix[:n]
+	}
+	if prefix == "" {
+		return "", false
+	}
+	common = path.Dir(prefix)
+	if common == "/" || common == "." {
+		return "", false
+	}
+	common += "/"
+	for d := range strings.SplitSeq(value, ":") {
+		if len(d) <= len(common) {
+			return "", false
+		}
+	}
+	return common, true
 }
 
 // shimFlags are the options containerd's mount code turns into mount flags
