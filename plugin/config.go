@@ -34,8 +34,7 @@ const (
 	// store receives the layers the diff plugin makes.
 	DefaultContainerdAddress = "/run/containerd/containerd.sock"
 	// DefaultUsernsSpares is two: a pod's start and the next pod's find
-	// one ready; a burst of new pods takes the rest from containerd's
-	// helper while the spares refill.
+	// one ready; a burst of new pods waits for the spawner's next ones.
 	DefaultUsernsSpares = 2
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"

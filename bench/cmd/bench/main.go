@@ -39,6 +39,7 @@ func run() error {
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
+	reps := flag.Int("reps", 0, "repetitions of the other comparisons, e.g. the API latencies (default: the configuration's; at least 3)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
@@ -103,6 +104,12 @@ func run() error {
 	}
 	if *versions != "" {
 		cfg.Versions = strings.Split(*versions, ",")
+	}
+	if *reps != 0 {
+		if *reps < 3 {
+			return fmt.Errorf("-reps %d: at least 3 repetitions are needed for a median and its range", *reps)
+		}
+		cfg.Reps = *reps
 	}
 	var err error
 	if *pullLayers != "" {
