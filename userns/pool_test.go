@@ -281,6 +281,9 @@ func TestCloseEndsSpares(t *testing.T) {
 	p := NewPool(3)
 	waitSpares(t, p, 3)
 	spawner := spawnerPID(t, p)
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", spawner)); strings.TrimSpace(string(comm)) != "grouped-snapsho" {
+		t.Errorf("spawner's command name %q, want the daemon's, grouped-snapsho", comm)
+	}
 	spares := children(t, spawner)
 	if len(spares) != 3 {
 		t.Errorf("spawner has %d children, want the 3 spares", len(spares))

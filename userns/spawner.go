@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -84,6 +85,10 @@ func init() {
 // runSpawner hands spares to the daemon on spawnerFD until the daemon's end
 // closes.
 func runSpawner() int {
+	// Started through /proc/self/exe, the spawner's command name is "exe";
+	// the daemon's is better for ps and for tracing tools that group
+	// processes by it.
+	nameThread()
 	size := 1
 	if len(os.Args) > 1 {
 		if n, err := strconv.Atoi(os.Args[1]); err == nil && n > 0 {
@@ -138,6 +143,7 @@ type spareSource struct {
 
 func (s *spareSource) run() {
 	runtime.LockOSThread() // never unlocked: the thread lives as long as the spawner
+	nameThread()
 	tid, nice := unix.Gettid(), 0
 	for range s.tokens {
 		// A spare for the stock is started at the lowest priority, so its
@@ -244,4 +250,12 @@ func reap(proc *os.Process) {
 		}
 	}
 	_ = proc.Release()
+}
+
+// nameThread sets the calling thread's command name to the daemon's (the
+// kernel keeps 15 bytes of it).
+func nameThread() {
+	if name, err := unix.BytePtrFromString("grouped-snapshotter"[:15]); err == nil {
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
+	}
 }

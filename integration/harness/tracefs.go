@@ -159,17 +159,25 @@ func exitEnable(syscallName string) string {
 	return filepath.Join("events", "syscalls", "sys_exit_"+syscallName, "enable")
 }
 
-// addPIDs adds every thread of pids to the instance's pid filter. The filter
-// matches threads, not processes, and event-fork only follows clones made
-// after a thread is listed, so it lists the threads until no new one
-// appears.
+// addPIDs adds every thread of pids, and of the processes they started
+// before the trace (a daemon's helper process, say), to the instance's pid
+// filter. The filter matches threads, not processes, and event-fork only
+// follows clones made after a thread is listed, so it lists the threads
+// until no new one appears.
 func (tr *MountTrace) addPIDs(pids []int) error {
 	added := map[int]bool{}
 	for range 10 {
 		var fresh []string
-		for _, pid := range pids {
+		procs, err := withDescendants(pids)
+		if err != nil {
+			return err
+		}
+		for _, pid := range procs {
 			tids, err := threads(pid)
 			if err != nil {
+				if !slices.Contains(pids, pid) {
+					continue // a descendant that exited meanwhile
+				}
 				return err
 			}
 			for _, tid := range tids {
@@ -200,6 +208,37 @@ func (tr *MountTrace) addPIDs(pids []int) error {
 		}
 	}
 	return errors.New("add pids to set_event_pid: threads kept appearing")
+}
+
+// withDescendants returns pids and every living descendant of them.
+func withDescendants(pids []int) ([]int, error) {
+	out := slices.Clone(pids)
+	seen := map[int]bool{}
+	for _, pid := range pids {
+		seen[pid] = true
+	}
+	for i := 0; i < len(out); i++ {
+		tids, err := threads(out[i])
+		if err != nil {
+			if i < len(pids) {
+				return nil, err
+			}
+			continue // exited meanwhile
+		}
+		for _, tid := range tids {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", out[i], tid))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if child, err := strconv.Atoi(f); err == nil && !seen[child] {
+					seen[child] = true
+					out = append(out, child)
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // threads returns the thread ids of pid.

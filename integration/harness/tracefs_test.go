@@ -298,3 +298,42 @@ func TestAtLeastExactly(t *testing.T) {
 		}
 	}
 }
+
+// A process the traced one started before the trace (a daemon's helper
+// process) is traced too, with its own later children.
+func TestMountTraceFollowsEarlierChildren(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestMountTraceFollowsEarlierChildren needs root (tracefs and mounts): run `sudo go test ./integration/...`")
+	}
+	dir := t.TempDir()
+	// The shell waits for a line on stdin, then mounts and unmounts
+	// through a busybox child.
+	sh := exec.Command("/bin/busybox", "sh", "-c", `read line && /bin/busybox mount -t tmpfs tmpfs "$0" && /bin/busybox umount "$0"`, dir)
+	stdin, err := sh.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sh.Stdout, sh.Stderr = &out, &out
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Process.Kill()
+	tr, err := StartMountTrace(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdin.Write([]byte("go\n")); err != nil {
+		t.Error(err)
+	}
+	if err := sh.Wait(); err != nil {
+		t.Errorf("mount in the earlier child: %v: %s", err, out.String())
+	}
+	c, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c["busybox"]; got["mount"] != 1 || got["umount"] != 1 {
+		t.Errorf("busybox started by an earlier child: %v, want 1 mount and 1 umount; all: %s", got, c)
+	}
+}
