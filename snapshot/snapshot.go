@@ -152,6 +152,15 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
 		return nil, err
 	}
+	for _, dir := range []string{layersDir, worksDir} {
+		// Only the speed of making snapshots depends on it (see markTopDir).
+		path := filepath.Join(root, dir)
+		if marked, err := markTopDir(path); err != nil {
+			log.L.WithError(err).Warn("snapshot directories may be slow to create on ext4 without a journal")
+		} else if !marked {
+			log.L.WithField("path", path).Debug("filesystem has no top-directory attribute (chattr +T)")
+		}
+	}
 	dbPath := filepath.Join(root, dbFile)
 	ms, err := storage.NewMetaStore(dbPath, func(o *bolt.Options) error {
 		// bbolt waits forever for the file lock another daemon holds.
