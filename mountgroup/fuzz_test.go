@@ -52,7 +52,11 @@ func FuzzOverlayMount(f *testing.F) {
 // FuzzShimMountData runs the shim's option rewrite on arbitrary option
 // lists: it must never panic, the data it returns never carries a shim-only
 // flag, and when it moves to relative lowerdirs every one of them resolves
-// to the original absolute path from the directory it returns.
+// to the original absolute path from the directory it returns, as long as
+// the lowerdirs are clean paths (all Overlay.Mount makes): the shim takes
+// the common directory through path.Dir, which cleans it, so it changes
+// what a lowerdir with a double slash names, and so does this faithful
+// copy (the corpus keeps such an input).
 func FuzzShimMountData(f *testing.F) {
 	f.Add("overlay", "workdir=/r/w/1\x00upperdir=/r/l/1\x00lowerdir=/r/l/2:/r/l/3\x00index=off", 4096)
 	f.Add("overlay", "lowerdir="+strings.Join(chain("/var/lib/grouped-snapshotter", 1, 500), ":"), 4096)
@@ -107,9 +111,10 @@ func FuzzShimMountData(f *testing.F) {
 		}
 		// The shim makes lowerdirs relative to a directory of theirs; only
 		// absolute lowerdirs (all Overlay.Mount makes) give an absolute one.
-		absolute := true
+		absolute, clean := true, true
 		for _, d := range orig {
 			absolute = absolute && path.IsAbs(d)
+			clean = clean && path.Clean(d) == d
 		}
 		if absolute && (!strings.HasSuffix(chdir, "/") || !path.IsAbs(chdir)) {
 			t.Fatalf("relative lowerdirs of %q are relative to %q, not an absolute directory", joined, chdir)
@@ -123,7 +128,7 @@ func FuzzShimMountData(f *testing.F) {
 			t.Fatalf("rewrite of %q changed the lowerdir count: %d -> %d", joined, len(orig), len(rel))
 		}
 		for i := range orig {
-			if chdir+rel[i] != orig[i] {
+			if clean && chdir+rel[i] != orig[i] {
 				t.Fatalf("lowerdir %q became %q relative to %q", orig[i], rel[i], chdir)
 			}
 		}
