@@ -136,7 +136,9 @@ func (p *Pool) spawnerLocked() *spawner {
 		select {
 		case <-p.spawner.gone:
 			// It exited or broke: end it, and start another after respawnDelay.
-			p.stopSpawnerLocked()
+			if err := p.stopSpawnerLocked(); err != nil {
+				log.L.WithError(err).Warn("stop the user-namespace spawner")
+			}
 			p.failedAt = time.Now()
 		default:
 			return p.spawner
@@ -163,9 +165,6 @@ func (p *Pool) stopSpawnerLocked() error {
 	p.startedBefore += p.spawner.received.Load()
 	err := p.spawner.stop()
 	p.spawner = nil
-	if err != nil {
-		log.L.WithError(err).Warn("stop the user-namespace spawner")
-	}
 	return err
 }
 

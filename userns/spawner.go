@@ -192,9 +192,9 @@ func (s *spareSource) startOne() error {
 		reap(proc) // the daemon kills it after use
 		s.tokens <- struct{}{}
 	}()
+	s.sent.Add(1) // before the daemon can report it taken
 	ok := s.send(spareMessage{PID: proc.Pid}, pidfd)
 	unix.Close(pidfd)
-	s.sent.Add(1)
 	if !ok {
 		os.Exit(0) // the daemon is gone; Pdeathsig ends the spares
 	}

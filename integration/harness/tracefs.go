@@ -168,28 +168,38 @@ func (tr *MountTrace) addPIDs(pids []int) error {
 	added := map[int]bool{}
 	for range 10 {
 		var fresh []string
-		procs, err := withDescendants(pids)
-		if err != nil {
-			return err
-		}
-		for _, pid := range procs {
+		// procs grows as the walk finds children: pids, then their
+		// descendants.
+		procs, seen := slices.Clone(pids), map[int]bool{}
+		for i := 0; i < len(procs); i++ {
+			pid := procs[i]
 			tids, err := threads(pid)
 			if err != nil {
-				if !slices.Contains(pids, pid) {
+				if i >= len(pids) {
 					continue // a descendant that exited meanwhile
 				}
 				return err
 			}
 			for _, tid := range tids {
-				if !added[tid] {
-					added[tid] = true
-					fresh = append(fresh, strconv.Itoa(tid))
-					if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid)); err == nil {
-						if tr.names == nil {
-							tr.names = map[string]string{}
+				task := fmt.Sprintf("/proc/%d/task/%d/", pid, tid)
+				if b, err := os.ReadFile(task + "children"); err == nil {
+					for _, f := range strings.Fields(string(b)) {
+						if child, err := strconv.Atoi(f); err == nil && !seen[child] && !slices.Contains(pids, child) {
+							seen[child] = true
+							procs = append(procs, child)
 						}
-						tr.names[strconv.Itoa(tid)] = strings.TrimSpace(string(comm))
 					}
+				}
+				if added[tid] {
+					continue
+				}
+				added[tid] = true
+				fresh = append(fresh, strconv.Itoa(tid))
+				if comm, err := os.ReadFile(task + "comm"); err == nil {
+					if tr.names == nil {
+						tr.names = map[string]string{}
+					}
+					tr.names[strconv.Itoa(tid)] = strings.TrimSpace(string(comm))
 				}
 			}
 		}
@@ -208,37 +218,6 @@ func (tr *MountTrace) addPIDs(pids []int) error {
 		}
 	}
 	return errors.New("add pids to set_event_pid: threads kept appearing")
-}
-
-// withDescendants returns pids and every living descendant of them.
-func withDescendants(pids []int) ([]int, error) {
-	out := slices.Clone(pids)
-	seen := map[int]bool{}
-	for _, pid := range pids {
-		seen[pid] = true
-	}
-	for i := 0; i < len(out); i++ {
-		tids, err := threads(out[i])
-		if err != nil {
-			if i < len(pids) {
-				return nil, err
-			}
-			continue // exited meanwhile
-		}
-		for _, tid := range tids {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", out[i], tid))
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if child, err := strconv.Atoi(f); err == nil && !seen[child] {
-					seen[child] = true
-					out = append(out, child)
-				}
-			}
-		}
-	}
-	return out, nil
 }
 
 // threads returns the thread ids of pid.
