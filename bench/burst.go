@@ -93,7 +93,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 
 	var (
 		mtr     *harness.MountTrace
-		utr     *usernsTrace
+		utr     *harness.MountTrace
 		sampler *mountinfoSampler
 	)
 	if observed {
@@ -106,7 +106,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		}
 		if sampler, err = startMountinfoSampler(10 * time.Millisecond); err != nil {
 			_, _ = mtr.Stop()
-			_, _ = utr.stop()
+			_, _ = utr.Stop()
 			return row, err
 		}
 	}
@@ -132,7 +132,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		n, err := countMounts()
 		if err != nil {
 			_, _ = mtr.Stop()
-			_, _ = utr.stop()
+			_, _ = utr.Stop()
 			return row, err
 		}
 		row.RunningMountinfo = n - sampler.base
@@ -141,11 +141,11 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		removed = true
 		if err := errors.Join(removeAll(ctx, env, ids), waitSettled(ctx, env, before, logf)); err != nil {
 			_, _ = mtr.Stop()
-			_, _ = utr.stop()
+			_, _ = utr.Stop()
 			return row, err
 		}
 		mc, merr := mtr.Stop()
-		uc, uerr := utr.stop()
+		uc, uerr := utr.Stop()
 		if err := errors.Join(merr, uerr); err != nil {
 			return row, err
 		}
@@ -162,6 +162,12 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 			}
 			if err := uc.AtLeast(harness.Minimums{harness.GroupRunc: {"unshare": n}}); err != nil {
 				return row, fmt.Errorf("burst of %d, user namespaces: %w", n, err)
+			}
+			// Each fresh mapping costs the snapshot side at least one
+			// fork: the shim's helper per container, or the spare that
+			// grouped's spawner starts to replace the one a view took.
+			if row.UsernsForks < shape.Mappings {
+				return row, fmt.Errorf("burst of %d with %d fresh mappings: the trace saw %d user-namespace forks on the snapshot side, want at least one per mapping (trace: %s)", n, shape.Mappings, row.UsernsForks, uc)
 			}
 		}
 	}

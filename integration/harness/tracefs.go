@@ -97,6 +97,18 @@ func StartMountTrace(pids ...int) (tr *MountTrace, err error) {
 // StartSyscallTrace is StartMountTrace for other syscalls, by their
 // tracepoint names (e.g. SyncSyscalls).
 func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err error) {
+	return StartFilteredTrace(nil, syscalls, pids...)
+}
+
+// StartFilteredTrace is StartSyscallTrace with a tracefs filter for some of
+// the syscalls, by tracepoint name (e.g. "clone_flags & 0x10000000" for
+// clone): only the calls that match are counted.
+func StartFilteredTrace(filters map[string]string, syscalls []string, pids ...int) (tr *MountTrace, err error) {
+	for sc := range filters {
+		if !slices.Contains(syscalls, sc) {
+			return nil, fmt.Errorf("start syscall trace: filter for %q, which is not traced", sc)
+		}
+	}
 	if len(pids) == 0 {
 		return nil, errors.New("start syscall trace: no pids to trace")
 	}
@@ -144,6 +156,11 @@ func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err erro
 		}
 	}
 	for _, sc := range tr.syscalls {
+		if filter, ok := filters[sc]; ok {
+			if err := tr.write(filepath.Join("events", "syscalls", "sys_enter_"+sc, "filter"), filter); err != nil {
+				return tr, err
+			}
+		}
 		if err := tr.write(eventEnable(sc), "1"); err != nil {
 			return tr, err
 		}
