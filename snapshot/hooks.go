@@ -13,6 +13,10 @@ var testHooks struct {
 	// createFailed runs in create after a failed creation's transaction
 	// has ended.
 	createFailed func()
+	// makeMappedParent runs in a first use before its mapped parent is
+	// made, beside the registering transaction; an error stands for the
+	// kernel's.
+	makeMappedParent func() error
 	// orphansListed runs in RemoveOrphans once the orphans are known,
 	// before any is removed.
 	orphansListed func()

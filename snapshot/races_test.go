@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,7 @@ func resetHooks(t *testing.T) {
 		testHooks.createInTx = nil
 		testHooks.createFailed = nil
 		testHooks.orphansListed = nil
+		testHooks.makeMappedParent = nil
 	})
 }
 
@@ -286,5 +288,97 @@ func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 	// open_tree, mount_setattr, move_mount: once.
 	if calls := sn.MountSyscalls() - before; calls != 3 {
 		t.Errorf("%d first uses made %d mount syscalls, want the 3 of one mapped parent", n, calls)
+	}
+}
+
+// A first use makes its mapped parent while its transaction commits. When
+// the kernel refuses the mapped parent after that commit, the call fails
+// and leaves what a call that never ran leaves: no snapshot, no registry
+// entry, no mount, no directory. The same call then succeeds.
+func TestFirstUseMountFailureLeavesNothing(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	before := listTree(t, sn.Root())
+	refused := errors.New("mount_setattr: refused by the test")
+	testHooks.makeMappedParent = func() error { return refused }
+	_, err := sn.Prepare(ctx, "a", top, remap("100000"))
+	if !errors.Is(err, refused) {
+		t.Fatalf("Prepare with the mapped parent refused: %v, want the refusal", err)
+	}
+	if _, err := sn.Stat(ctx, "a"); !errdefs.IsNotFound(err) {
+		t.Errorf("Stat of the failed snapshot: %v, want NotFound", err)
+	}
+	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 0 {
+		t.Errorf("mapped parents registered after the failure: %+v, %v", views, err)
+	}
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("mapped parents mounted after the failure: %v", got)
+	}
+	// The new snapshot took the top layer's spare work directory (see
+	// reuseWorkDir), which its removal removed: nothing may be new.
+	for _, p := range listTree(t, sn.Root()) {
+		if !slices.Contains(before, p) {
+			t.Errorf("the failed first use left %s behind (before: %v)", p, before)
+		}
+	}
+
+	testHooks.makeMappedParent = nil
+	m, err := sn.Prepare(ctx, "a", top, remap("100000"))
+	if err != nil {
+		t.Fatalf("Prepare again: %v", err)
+	}
+	if got := mappedMounts(t, sn); len(got) != 1 || got[0] != filepath.Dir(lowerdirs(t, m[0])[0]) {
+		t.Errorf("mapped parents mounted: %v, want the one under %s's lowerdirs", got, "a")
+	}
+}
+
+// The same, for a snapshot made in shim mode that Mounts registers as a
+// mapped parent's user after the switch to mapped parents: the failed call
+// leaves the snapshot as it was, unregistered.
+func TestMountsFirstUseMountFailureUnregisters(t *testing.T) {
+	requireRoot(t)
+	resetHooks(t)
+	root := filepath.Join(t.TempDir(), "root")
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := commitChain(t, shim, ctx, 2)
+	if _, err := shim.Prepare(ctx, "a", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	shim.Close()
+	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sn.Close()
+		if err := sn.UnmountMappedParents(); err != nil {
+			t.Error(err)
+		}
+	})
+	refused := errors.New("open_tree: refused by the test")
+	testHooks.makeMappedParent = func() error { return refused }
+	if _, err := sn.Mounts(ctx, "a"); !errors.Is(err, refused) {
+		t.Fatalf("Mounts with the mapped parent refused: %v, want the refusal", err)
+	}
+	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 0 {
+		t.Errorf("mapped parents registered after the failure: %+v, %v", views, err)
+	}
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("mapped parents mounted after the failure: %v", got)
+	}
+	if entries, err := os.ReadDir(sn.MappedParentsDir()); err != nil || len(entries) != 0 {
+		t.Errorf("mapped-parents directory after the failure: %v, %v; want empty", entries, err)
+	}
+	testHooks.makeMappedParent = nil
+	if _, err := sn.Mounts(ctx, "a"); err != nil {
+		t.Fatalf("Mounts again: %v", err)
+	}
+	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 1 || views[0].Users != 1 || !views[0].Mounted {
+		t.Errorf("mapped parents after Mounts succeeded: %+v, %v; want one, mounted, with one user", views, err)
 	}
 }

@@ -432,7 +432,7 @@ func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount
 				return fmt.Errorf("register mapped parent: %w", err)
 			}
 			return nil
-		})
+		}, func(ctx context.Context) error { return s.releaseUser(ctx, snap.ID) })
 		if err != nil {
 			return nil, err
 		}
@@ -497,22 +497,24 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 }
 
 // withMappedParent runs register in a write transaction with the name of m's
-// mapped parent, mounted: the registered one, or a new one made for it before
-// the transaction, so that no kernel work holds every other writer up. First
-// uses of one mapping are serialised by a lock per mapping, so they make one
+// mapped parent, and returns once that mapped parent is mounted: the
+// registered one, or a new one made for it beside the transaction (see
+// firstUse), so that no kernel work holds every other writer up. First uses
+// of one mapping are serialised by a lock per mapping, so they make one
 // mapped parent between them. isNew tells register that name is new, for m to
 // take if it still has no mapped parent. register returns errMappedChanged
 // (wrapped or not) when the registry changed since the name was chosen;
-// withMappedParent then starts over, and a mapped parent it made goes. It
-// returns the name used.
-func (s *Snapshotter) withMappedParent(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
+// withMappedParent then starts over, and a mapped parent it made goes. undo
+// reverses what register committed, for a new mapped parent that could not
+// be made. It returns the name used.
+func (s *Snapshotter) withMappedParent(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error, undo func(ctx context.Context) error) (string, error) {
 	for attempt := 0; ; attempt++ {
 		name, err := s.mappedName(ctx, m)
 		if err != nil {
 			return "", err
 		}
 		if name == "" {
-			name, err = s.firstUse(ctx, m, register)
+			name, err = s.firstUse(ctx, m, register, undo)
 		} else {
 			err = s.useExisting(ctx, name, m, register)
 		}
@@ -536,7 +538,16 @@ func (s *Snapshotter) mappedName(ctx context.Context, m *idmap.Mapping) (name st
 
 // firstUse makes a mapped parent of m under a new name and registers it through
 // register, holding m's lock throughout.
-func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) (string, error) {
+//
+// The kernel work (a user namespace with m, the idmapped mount) runs while
+// register's transaction commits, under the name's lock: on a node's disk
+// the commit's fdatasyncs are the larger part of a first use, and the mount
+// needs none of its results. Nobody uses the mapped parent before it is
+// mounted: a call that finds the new name registered settles it under that
+// lock first (settleMappedParent). If the mount fails once register has
+// committed, undo reverses the registration; the mapped parent then goes
+// with its last user, as always.
+func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error, undo func(ctx context.Context) error) (string, error) {
 	unlock := s.mappingLocks.Lock(m.String())
 	defer unlock()
 	// Another first use may have registered m's mapped parent while this one
@@ -549,19 +560,49 @@ func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register f
 	}
 	name := strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
 	unlockName := s.mapped.Lock(name)
-	err := s.mapped.EnsureLocked(name, m)
+	mounted := make(chan error, 1)
+	go func() {
+		if testHooks.makeMappedParent != nil {
+			if err := testHooks.makeMappedParent(); err != nil {
+				mounted <- err
+				return
+			}
+		}
+		mounted <- s.mapped.EnsureLocked(name, m)
+	}()
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+		return register(ctx, tx, name, true)
+	})
+	mountErr := <-mounted
 	unlockName()
-	if err == nil {
-		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-			return register(ctx, tx, name, true)
-		})
-	}
 	if err != nil {
 		// Never registered: this process alone knows the name.
 		s.dropMappedParent(ctx, name)
 		return "", err
 	}
+	if mountErr != nil {
+		if uerr := undo(ctx); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("view", name).Error("failed to undo the registration of a mapped parent that could not be made")
+			return "", errors.Join(mountErr, fmt.Errorf("undo its registration: %w", uerr))
+		}
+		return "", mountErr
+	}
 	return name, nil
+}
+
+// releaseUser drops snapshot id from the mapped-parent registry and unmounts
+// the mapped parents it leaves without users.
+func (s *Snapshotter) releaseUser(ctx context.Context, id string) error {
+	var freed []string
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		freed, err = releaseMappedParents(tx, id)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.dropMappedParentsAfter(ctx, freed)
+	return nil
 }
 
 // useExisting settles m's registered mapped-parent name and registers through
@@ -799,7 +840,9 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	if s.mapped != nil && mapping != nil && parent != "" {
 		// The mapped parent is made, if new, before the transaction (see
 		// withMappedParent).
-		_, err = s.withMappedParent(ctx, mapping, build)
+		// Its mount failing after build committed, the snapshot goes
+		// again: the caller gets an error and no snapshot.
+		_, err = s.withMappedParent(ctx, mapping, build, func(ctx context.Context) error { return s.Remove(ctx, key) })
 	} else {
 		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 			return build(ctx, tx, "", false)
