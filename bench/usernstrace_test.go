@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -25,7 +26,12 @@ func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, "spares ready", func() bool { return pool.Stats().SparesReady >= spares })
+	harness.Eventually(t, 10*time.Second, func() error {
+		if st := pool.Stats(); st.SparesReady < spares {
+			return fmt.Errorf("%d spares ready, want %d", st.SparesReady, spares)
+		}
+		return nil
+	})
 
 	tr, err := startUsernsTrace([]int{os.Getpid()})
 	if err != nil {
@@ -42,9 +48,11 @@ func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
 		f.Close()
 	}
 	// The spawner replaces every spare taken.
-	waitFor(t, "spares replaced", func() bool {
-		st := pool.Stats()
-		return st.SparesStarted >= before+taken && st.SparesReady >= spares
+	harness.Eventually(t, 10*time.Second, func() error {
+		if st := pool.Stats(); st.SparesStarted < before+taken || st.SparesReady < spares {
+			return fmt.Errorf("spares started %d (before the trace %d, taken %d), ready %d: not yet replaced", st.SparesStarted, before, taken, st.SparesReady)
+		}
+		return nil
 	})
 	c, err := tr.Stop()
 	if err != nil {
@@ -60,13 +68,3 @@ func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 10s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

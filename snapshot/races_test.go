@@ -157,29 +157,8 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 // registered with its mapped parent at its first Mounts in mapped-parent mode;
 // if it is removed in between, nothing may be registered or mounted for it.
 func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
-	requireRoot(t)
 	resetHooks(t)
-	root := filepath.Join(t.TempDir(), "root")
-	ctx := namespaces.WithNamespace(context.Background(), "test")
-	shim, err := New(root, Config{IDMap: IDMapShim})
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := commitChain(t, shim, ctx, 2)
-	if _, err := shim.Prepare(ctx, "a", top, remap("100000")); err != nil {
-		t.Fatal(err)
-	}
-	shim.Close()
-	sn, err := New(root, Config{IDMap: IDMapMappedParent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sn.Close()
-		if err := sn.UnmountMappedParents(); err != nil {
-			t.Error(err)
-		}
-	})
+	sn, ctx := shimMadeThenMapped(t)
 	testHooks.mountsBeforeMappedParent = func() {
 		testHooks.mountsBeforeMappedParent = nil
 		if err := sn.Remove(ctx, "a"); err != nil {
@@ -337,29 +316,8 @@ func TestFirstUseMountFailureLeavesNothing(t *testing.T) {
 // mapped parent's user after the switch to mapped parents: the failed call
 // leaves the snapshot as it was, unregistered.
 func TestMountsFirstUseMountFailureUnregisters(t *testing.T) {
-	requireRoot(t)
 	resetHooks(t)
-	root := filepath.Join(t.TempDir(), "root")
-	ctx := namespaces.WithNamespace(context.Background(), "test")
-	shim, err := New(root, Config{IDMap: IDMapShim})
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := commitChain(t, shim, ctx, 2)
-	if _, err := shim.Prepare(ctx, "a", top, remap("100000")); err != nil {
-		t.Fatal(err)
-	}
-	shim.Close()
-	sn, err := New(root, Config{IDMap: IDMapMappedParent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sn.Close()
-		if err := sn.UnmountMappedParents(); err != nil {
-			t.Error(err)
-		}
-	})
+	sn, ctx := shimMadeThenMapped(t)
 	refused := errors.New("open_tree: refused by the test")
 	testHooks.makeMappedParent = func() error { return refused }
 	if _, err := sn.Mounts(ctx, "a"); !errors.Is(err, refused) {
@@ -381,4 +339,34 @@ func TestMountsFirstUseMountFailureUnregisters(t *testing.T) {
 	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 1 || views[0].Users != 1 || !views[0].Mounted {
 		t.Errorf("mapped parents after Mounts succeeded: %+v, %v; want one, mounted, with one user", views, err)
 	}
+}
+
+// shimMadeThenMapped makes active snapshot "a", remapped, on two layers in
+// shim mode, and returns the same root opened in mapped-parent mode: "a"
+// has no mapped parent yet, and its next Mounts registers it as a user.
+func shimMadeThenMapped(t *testing.T) (*Snapshotter, context.Context) {
+	t.Helper()
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := commitChain(t, shim, ctx, 2)
+	if _, err := shim.Prepare(ctx, "a", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	shim.Close()
+	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sn.Close()
+		if err := sn.UnmountMappedParents(); err != nil {
+			t.Error(err)
+		}
+	})
+	return sn, ctx
 }
