@@ -67,4 +67,3 @@ func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
 		t.Errorf("forks named as grouped-snapshotter's: %d, want %d; counts: %s", got, started, c)
 	}
 }
-
