@@ -339,6 +339,7 @@ func tracePodStart(t *testing.T, env *harness.Env, cl *kube.Cluster, daemonPID i
 	if _, err := env.CRI.Crictl(t.Context(), "pull", image); err != nil {
 		t.Fatal(err)
 	}
+	removeDeadSandboxes(t, env)
 	pids := append([]int{env.Containerd.PID()}, env.ShimPIDs()...)
 	if daemonPID != 0 {
 		pids = append(pids, daemonPID)
@@ -371,6 +372,27 @@ func tracePodStart(t *testing.T, env *harness.Env, cl *kube.Cluster, daemonPID i
 	}
 	t.Logf("pod %s ready in %s", name, d)
 	return counts
+}
+
+// removeDeadSandboxes removes the sandboxes of pods that are gone (NotReady),
+// as kubelet's garbage collection does at a time of its own: their removal
+// unmounts their pinned namespaces in containerd, and must not fall into
+// another pod's traced start (it did once: containerd{umount=4} in one of
+// three identical starts).
+func removeDeadSandboxes(t *testing.T, env *harness.Env) {
+	t.Helper()
+	out, err := env.CRI.Crictl(t.Context(), "pods", "--state", "NotReady", "-q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := strings.Fields(out)
+	if len(ids) == 0 {
+		return
+	}
+	if _, err := env.CRI.Crictl(t.Context(), append([]string{"rmp"}, ids...)...); err != nil {
+		t.Fatalf("remove the sandboxes of pods that are gone (%v): %v", ids, err)
+	}
+	t.Logf("removed %d sandboxes of pods that are gone before tracing a pod start", len(ids))
 }
 
 func imageFsStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node) {
