@@ -30,12 +30,7 @@ func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		sn.Close()
-		if err := sn.UnmountMappedParents(); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(func() { closeAndUnmount(t, sn) })
 	return sn, namespaces.WithNamespace(context.Background(), "test")
 }
 

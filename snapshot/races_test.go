@@ -362,11 +362,6 @@ func shimMadeThenMapped(t *testing.T) (*Snapshotter, context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		sn.Close()
-		if err := sn.UnmountMappedParents(); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(func() { closeAndUnmount(t, sn) })
 	return sn, ctx
 }

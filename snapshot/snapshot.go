@@ -838,10 +838,9 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return err
 	}
 	if s.mapped != nil && mapping != nil && parent != "" {
-		// The mapped parent is made, if new, before the transaction (see
-		// withMappedParent).
-		// Its mount failing after build committed, the snapshot goes
-		// again: the caller gets an error and no snapshot.
+		// A new mapped parent is made beside the transaction (see
+		// firstUse); its mount failing after build committed, the
+		// snapshot goes again: the caller gets an error and no snapshot.
 		_, err = s.withMappedParent(ctx, mapping, build, func(ctx context.Context) error { return s.Remove(ctx, key) })
 	} else {
 		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {

@@ -24,15 +24,13 @@ var MountSyscalls = []string{
 	"mount", "umount", "open_tree", "move_mount", "mount_setattr", "fsopen", "fsconfig", "fsmount",
 }
 
-// CommEvents are the scheduler events a MountTrace (and any other trace
-// that ParseTrace reads, such as bench's user-namespace trace) also
-// records, only to
+// commEvents are the scheduler events a MountTrace also records, only to
 // name processes as they were named when they made each call: tracefs
 // prints a line with the name it last recorded for the pid (so runc's init
 // shows as the container's command after its exec), or "<...>" when the pid
 // fell out of its small global name cache (saved_cmdlines), which happens
 // as soon as other test binaries start many processes.
-var CommEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
+var commEvents = []string{"sched/sched_process_fork", "sched/sched_process_exec", "task/task_rename"}
 
 // exitSyscalls are the syscalls whose results a MountTrace also records:
 // containerd's mounter retries an unmount that fails with EBUSY (every
@@ -142,7 +140,7 @@ func StartFilteredTrace(filters map[string]string, syscalls []string, pids ...in
 	if err := tr.addPIDs(pids); err != nil {
 		return tr, err
 	}
-	for _, ev := range CommEvents {
+	for _, ev := range commEvents {
 		if err := tr.write(filepath.Join("events", ev, "enable"), "1"); err != nil {
 			return tr, err
 		}
@@ -276,7 +274,7 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	for _, sc := range exitSyscalls {
 		errs = append(errs, tr.write(exitEnable(sc), "0"))
 	}
-	for _, ev := range CommEvents {
+	for _, ev := range commEvents {
 		errs = append(errs, tr.write(filepath.Join("events", ev, "enable"), "0"))
 	}
 	counts, err := tr.read()
@@ -386,14 +384,12 @@ const unknownComm = "<...>"
 // events: "# entries-in-buffer/entries-written: 3/3   #P:2".
 var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*(\d+)/(\d+)`)
 
-// ParseTrace counts the syscall events of a tracefs "trace" file. It fails
-// on a line it does not understand and when the header says events were
-// lost (buffer overrun). A call whose exit event says it failed with EBUSY
-// is counted under its name + BusySuffix instead of its name.
-func ParseTrace(r io.Reader) (MountCounts, error) { return parseTrace(r, nil) }
-
-// parseTrace is ParseTrace with the names of threads known before the
-// trace began (pid -> command name), overridden by the trace's events.
+// parseTrace counts the syscall events of a tracefs "trace" file, naming
+// threads by initial (pid -> command name, known before the trace began)
+// unless the trace's events name them. It fails on a line it does not
+// understand and when the header says events were lost (buffer overrun). A
+// call whose exit event says it failed with EBUSY is counted under its name
+// + BusySuffix instead of its name.
 func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 	counts := MountCounts{}
 	// entered holds, per thread, the command name and syscall of its last

@@ -26,7 +26,7 @@ const sampleTrace = `# tracer: nop
 `
 
 func TestParseTrace(t *testing.T) {
-	c, err := ParseTrace(strings.NewReader(sampleTrace))
+	c, err := parseTrace(strings.NewReader(sampleTrace), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestParseTraceRejects(t *testing.T) {
 		"garbage":     "# tracer: nop\nthis is not a trace line\n",
 		"no syscall":  "  bash-1 [000] ..... 1.0: sched_switch: prev_comm=bash\n",
 	} {
-		if c, err := ParseTrace(strings.NewReader(text)); err == nil {
+		if c, err := parseTrace(strings.NewReader(text), nil); err == nil {
 			t.Errorf("%s: parsed %s, want an error", name, c)
 		}
 	}
@@ -173,7 +173,7 @@ func TestParseTraceNamesUnknownPids(t *testing.T) {
             true-302 [000] ..... 10.7: sys_mount(dev_name: 0, dir_name: 0, type: 0, flags: 0, data: 0)
             true-302 [000] ..... 10.8: sched_process_exec: filename=/bin/true pid=302 old_pid=302
 `
-	c, err := ParseTrace(strings.NewReader(trace))
+	c, err := parseTrace(strings.NewReader(trace), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ const busyTrace = `# tracer: nop
 `
 
 func TestParseTraceBusy(t *testing.T) {
-	c, err := ParseTrace(strings.NewReader(busyTrace))
+	c, err := parseTrace(strings.NewReader(busyTrace), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestParseTraceBusy(t *testing.T) {
 }
 
 func TestAtLeastExactly(t *testing.T) {
-	c, err := ParseTrace(strings.NewReader(sampleTrace))
+	c, err := parseTrace(strings.NewReader(sampleTrace), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
