@@ -3,6 +3,7 @@ package plugin
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -28,8 +29,11 @@ func TestExampleMatchesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := DefaultConfig()
-	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || len(cfg.MountOptions) != 0 ||
-		cfg.ContainerdAddress != def.ContainerdAddress || cfg.MetricsAddress != def.MetricsAddress || cfg.UsernsSpares != def.UsernsSpares {
+	// Every field, so that a key added to Config without the example fails.
+	if len(cfg.MountOptions) == 0 {
+		cfg.MountOptions = nil
+	}
+	if !reflect.DeepEqual(cfg, def) {
 		t.Errorf("example %+v differs from defaults %+v", cfg, def)
 	}
 }
@@ -45,6 +49,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"relative root", "root_path = \"var/lib\"\n", []string{"root_path", "absolute"}},
 		{"too many spares", "userns_spares = 65\n", []string{"userns_spares", "65"}},
 		{"negative spares", "userns_spares = -1\n", []string{"userns_spares", "-1"}},
+		{"negative gomaxprocs", "gomaxprocs = -1\n", []string{"gomaxprocs", "-1"}},
+		{"too many gomaxprocs", "gomaxprocs = 100000\n", []string{"gomaxprocs", "100000"}},
 		{"relative containerd address", "containerd_address = \"containerd.sock\"\n", []string{"containerd_address", "absolute"}},
 		{"syntax", "root_path = \n", []string{"line 1"}},
 	} {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -71,6 +72,20 @@ func setupLogging(level, format string) error {
 	return fmt.Errorf("log format %q must be text or json", format)
 }
 
+// setGOMAXPROCS applies the configured GOMAXPROCS unless the environment
+// variable, which the Go runtime has already applied, is set. It returns
+// the value in effect and where it came from.
+func setGOMAXPROCS(configured int, env string) (int, string) {
+	switch {
+	case env != "":
+		return runtime.GOMAXPROCS(0), "GOMAXPROCS environment variable"
+	case configured > 0:
+		runtime.GOMAXPROCS(configured)
+		return configured, "gomaxprocs in the config"
+	}
+	return runtime.GOMAXPROCS(0), "Go's default"
+}
+
 // daemonAdmin answers the admin CLI's questions about the running daemon.
 type daemonAdmin struct {
 	sn  *snapshot.Snapshotter
@@ -114,6 +129,8 @@ func serve(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	n, source := setGOMAXPROCS(cfg.GOMAXPROCS, os.Getenv("GOMAXPROCS"))
+	log.G(ctx).WithField("gomaxprocs", n).WithField("from", source).Debug("Go threads")
 
 	sn, err := snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
 	if err != nil {

@@ -4,7 +4,9 @@
 // The benchmark registers it as a proxy plugin: the control that separates
 // the cost of being out of process from grouped-snapshotter's own work.
 // It accepts grouped-snapshotter's flags so the integration harness can
-// start it in its place (--config is ignored).
+// start it in its place (--config is ignored), and runs with grouped's
+// default GOMAXPROCS (one), so that the two differ in snapshotter code
+// alone, not in how their runtimes hand a call between threads.
 package main
 
 import (
@@ -14,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -22,6 +25,8 @@ import (
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
 func main() {
@@ -36,7 +41,11 @@ func run() error {
 	root := flag.String("root", "/var/lib/overlay-proxy", "snapshotter root")
 	address := flag.String("address", "/run/overlay-proxy.sock", "unix socket to serve on")
 	level := flag.String("log-level", "info", "log level")
+	procs := flag.Int("gomaxprocs", plugin.DefaultGOMAXPROCS, "GOMAXPROCS unless the environment sets it (0: Go's default), as grouped-snapshotter's gomaxprocs")
 	flag.Parse()
+	if os.Getenv("GOMAXPROCS") == "" && *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
+	}
 	if err := log.SetLevel(*level); err != nil {
 		return err
 	}
