@@ -454,3 +454,27 @@ func TestStockSparesStartAtIdlePriority(t *testing.T) {
 		t.Errorf("spares' nice values %v, want %v", nices, want)
 	}
 }
+
+// The spawner runs its Go code on one thread whatever the daemon's
+// GOMAXPROCS: its work is one thread's forks, and more threads only add
+// wakeups around each (about a tenth of its CPU per spare, measured).
+func TestSpawnerRunsOnOneThread(t *testing.T) {
+	requireRoot(t)
+	t.Setenv("GOMAXPROCS", "4")
+	p := NewPool(1)
+	defer p.Close()
+	waitSpares(t, p, 1)
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", spawnerPID(t, p)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			got = append(got, kv)
+		}
+	}
+	if len(got) != 1 || got[0] != "GOMAXPROCS=1" {
+		t.Errorf("spawner's environment has %q, want only GOMAXPROCS=1", got)
+	}
+}
