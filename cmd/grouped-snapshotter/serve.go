@@ -130,7 +130,7 @@ func serve(c *cli.Context) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	n, source := setGOMAXPROCS(cfg.GOMAXPROCS, os.Getenv("GOMAXPROCS"))
-	log.G(ctx).WithField("gomaxprocs", n).WithField("from", source).Debug("Go threads")
+	log.G(ctx).WithField("gomaxprocs", n).WithField("from", source).Info("Go code runs on gomaxprocs threads")
 
 	sn, err := snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
 	if err != nil {
