@@ -13,7 +13,8 @@ const cloneNewUser = 0x10000000
 // usernsFilters the tracefs filters that keep only the calls that do.
 // containerd's userns-fd helper and grouped-snapshotter's spawner both fork
 // through Go's SysProcAttr.Cloneflags, which uses clone(2) (clone3 only for
-// cgroup fds, pidfds and time namespaces); runc's nsexec unshares.
+// cgroup fds, pidfds and time namespaces), and grouped-snapshotter's
+// shared-memory child is a clone(2) of the daemon; runc's nsexec unshares.
 var (
 	usernsSyscalls = []string{"clone", "unshare"}
 	usernsFilters  = map[string]string{
@@ -25,7 +26,8 @@ var (
 // startUsernsTrace counts the user namespaces that pids, the processes
 // they started before (grouped-snapshotter's spawner) and everything they
 // start meanwhile create, by command name: the forks containerd's shim
-// makes to get a user-namespace fd, grouped-snapshotter's spares, and
+// makes to get a user-namespace fd, grouped-snapshotter's shared-memory
+// children or spares, and
 // runc's own unshare for the container. It is a trace of its own, next to
 // the mount trace.
 func startUsernsTrace(pids []int) (*harness.MountTrace, error) {

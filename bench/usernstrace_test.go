@@ -20,7 +20,7 @@ func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
 		t.Fatal("TestUsernsTraceCountsEarlierSpawner needs root (tracefs, user namespaces): make test runs it as root")
 	}
 	const spares, taken = 2, 3
-	pool := userns.NewPool(spares)
+	pool := userns.NewSparePool(spares)
 	defer func() {
 		if err := pool.Close(); err != nil {
 			t.Error(err)

@@ -3,19 +3,26 @@
 //
 // The kernel makes a user namespace only for a process, so a descriptor
 // for a mapping costs a new process: containerd's core/mount.GetUsernsFD
-// forks the caller into a namespace with the mapping and opens it. For the
-// daemon that fork copies its page tables (1–2 ms) and write-protects its
-// heap, so its threads then take a page fault per page they write, in the
-// calls that follow.
+// forks the caller into a namespace with the mapping, stopped at an exec,
+// and opens it. For the daemon that fork copies its page tables and
+// write-protects its heap, so its threads then take a page fault per page
+// they write, in the calls that follow; and a fork and exec of a Go
+// process cost milliseconds of CPU.
 //
-// Pool keeps a few processes already started in fresh user namespaces
-// whose mappings are not yet written ("spares"): a first use writes the
-// mapping into one (uid_map and gid_map can be written once, by a
-// privileged process of the parent namespace), opens its namespace and
-// kills it, about 50 µs, and a new spare is started in the background. The
-// spares are started by a spawner, a small long-lived process of the
-// daemon's own executable (spawner.go), so the daemon itself is never
-// forked for them.
+// On linux/amd64 the process is a child that shares the daemon's memory
+// (clonevm.go): cloned with CLONE_VM, it runs a few instructions of
+// assembly that wait to be killed, copies no page table and costs about
+// a tenth of a millisecond; the daemon writes the mapping into its
+// namespace, opens it, kills and reaps it, all within the call.
+//
+// Elsewhere, or if the kernel refuses such a child, Pool keeps a few
+// processes already started in fresh user namespaces whose mappings are
+// not yet written ("spares"): a first use writes the mapping into one
+// (uid_map and gid_map can be written once, by a privileged process of
+// the parent namespace), opens its namespace and kills it, about 50 µs,
+// and a new spare is started in the background. The spares are started
+// by a spawner, a small long-lived process of the daemon's own executable
+// (spawner.go), so the daemon itself is never forked for them.
 //
 // A spare is stopped by ptrace at its execve before it runs any code (as
 // containerd's helper is) and killed if the spawner's thread that started
@@ -49,6 +56,9 @@ import (
 // namespaces. Its methods are safe for concurrent use.
 type Pool struct {
 	size int
+	// clone says that descriptors come from a shared-memory child
+	// (clonevm.go), spares only if one fails.
+	clone bool
 
 	mu       sync.Mutex // guards the fields below
 	spawner  *spawner   // nil when not running
@@ -66,29 +76,60 @@ type Pool struct {
 
 // Stats count how first uses got their descriptor.
 type Stats struct {
-	// FromSpare is the number of descriptors made from a spare, and
-	// FromHelper those containerd's helper made (no spawner, or a spare
-	// failed).
-	FromSpare, FromHelper uint64
+	// FromClone is the number of descriptors made by a shared-memory
+	// child, FromSpare those made from a spare, and FromHelper those
+	// containerd's helper made (no spawner, or a spare failed).
+	FromClone, FromSpare, FromHelper uint64
 	// SparesStarted is the number of spares started so far, and
 	// SparesReady the number ready now.
 	SparesStarted uint64
 	SparesReady   int
 }
 
-// NewPool returns a pool that keeps size spares ready, starting them in
-// the background; size 0 makes every descriptor with containerd's helper.
+// NewPool returns a pool for user-namespace descriptors. Where a
+// shared-memory child can be cloned (linux/amd64, and the kernel lets
+// this process make user namespaces), each descriptor comes from one and
+// no spare is kept until a clone fails. Elsewhere it keeps size spares
+// ready, starting them in the background; size 0 then makes every
+// descriptor with containerd's helper.
 func NewPool(size int) *Pool {
-	p := &Pool{size: max(size, 0), respawnDelay: time.Second}
-	p.mu.Lock()
-	p.spawnerLocked()
-	p.mu.Unlock()
+	clone := false
+	if haveCloneUserns {
+		if err := probeClone(); err != nil {
+			log.L.WithError(err).Warn("no user namespaces from a shared-memory child; keeping spare processes instead")
+		} else {
+			clone = true
+		}
+	}
+	return newPool(size, clone)
+}
+
+// NewSparePool is NewPool without the shared-memory child: descriptors
+// come from spares (or containerd's helper), as on architectures without
+// it. For comparisons and for the spares' own tests.
+func NewSparePool(size int) *Pool { return newPool(size, false) }
+
+func newPool(size int, clone bool) *Pool {
+	p := &Pool{size: max(size, 0), clone: clone, respawnDelay: time.Second}
+	if !clone {
+		p.mu.Lock()
+		p.spawnerLocked()
+		p.mu.Unlock()
+	}
 	return p
 }
 
 // FD returns a descriptor of a user namespace with mapping m. The caller
 // closes it.
 func (p *Pool) FD(m *idmap.Mapping) (*os.File, error) {
+	if p.clone {
+		f, err := cloneFD(m)
+		if err == nil {
+			p.count(func(st *Stats) { st.FromClone++ })
+			return f, nil
+		}
+		log.L.WithError(err).WithField("mapping", m.String()).Warn("user namespace from a shared-memory child failed; using a spare or containerd's helper")
+	}
 	if s := p.take(); s != nil {
 		f, err := s.open(m)
 		s.end()
@@ -201,26 +242,37 @@ type spare struct {
 
 // open writes m into the spare's user namespace and opens it.
 func (s *spare) open(m *idmap.Mapping) (*os.File, error) {
-	dir, err := unix.Open(fmt.Sprintf("/proc/%d", s.pid), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("spare %d: %w", s.pid, err)
-	}
-	defer unix.Close(dir)
 	// The PID names the spare until the spawner reaps it; the pidfd tells,
 	// once the directory is open, that it has not (a zombie still holds
 	// its namespace).
-	if err := unix.PidfdSendSignal(s.pidfd, 0, nil, 0); err != nil {
-		return nil, fmt.Errorf("spare %d is gone: %w", s.pid, err)
+	return openNamespace("spare", s.pid, m, func() error {
+		return unix.PidfdSendSignal(s.pidfd, 0, nil, 0)
+	})
+}
+
+// openNamespace writes m into the user namespace of process pid (what,
+// for errors) and opens it. alive, if not nil, tells once the process's
+// /proc directory is open that the directory is still that process's.
+func openNamespace(what string, pid int, m *idmap.Mapping, alive func() error) (*os.File, error) {
+	dir, err := unix.Open(fmt.Sprintf("/proc/%d", pid), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s %d: %w", what, pid, err)
+	}
+	defer unix.Close(dir)
+	if alive != nil {
+		if err := alive(); err != nil {
+			return nil, fmt.Errorf("%s %d is gone: %w", what, pid, err)
+		}
 	}
 	if err := writeMapAt(dir, "uid_map", mapText(m.UIDs)); err != nil {
-		return nil, fmt.Errorf("spare %d: %w", s.pid, err)
+		return nil, fmt.Errorf("%s %d: %w", what, pid, err)
 	}
 	if err := writeMapAt(dir, "gid_map", mapText(m.GIDs)); err != nil {
-		return nil, fmt.Errorf("spare %d: %w", s.pid, err)
+		return nil, fmt.Errorf("%s %d: %w", what, pid, err)
 	}
 	fd, err := unix.Openat(dir, "ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open the user namespace of spare %d: %w", s.pid, err)
+		return nil, fmt.Errorf("open the user namespace of %s %d: %w", what, pid, err)
 	}
 	return os.NewFile(uintptr(fd), "userns"), nil
 }

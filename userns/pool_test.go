@@ -164,7 +164,7 @@ func TestFDMapsRoot(t *testing.T) {
 	dir := rootOwnedFile(t)
 	for _, size := range []int{2, 0} {
 		t.Run(fmt.Sprintf("spares=%d", size), func(t *testing.T) {
-			p := NewPool(size)
+			p := NewSparePool(size)
 			defer p.Close()
 			waitSpares(t, p, size)
 			for i, host := range []uint32{1 << 20, 2 << 20, 3 << 20} {
@@ -195,7 +195,7 @@ func TestFDMapsRoot(t *testing.T) {
 func TestFDSurvivesDeadSpare(t *testing.T) {
 	requireRoot(t)
 	dir := rootOwnedFile(t)
-	p := NewPool(1)
+	p := NewSparePool(1)
 	defer p.Close()
 	waitSpares(t, p, 1)
 	spawner := spawnerPID(t, p)
@@ -229,7 +229,7 @@ func TestFDSurvivesDeadSpare(t *testing.T) {
 func TestFDSurvivesDeadSpawner(t *testing.T) {
 	requireRoot(t)
 	dir := rootOwnedFile(t)
-	p := NewPool(1)
+	p := NewSparePool(1)
 	defer p.Close()
 	waitSpares(t, p, 1)
 	p.mu.Lock()
@@ -278,7 +278,7 @@ func TestFDSurvivesDeadSpawner(t *testing.T) {
 func TestCloseEndsSpares(t *testing.T) {
 	requireRoot(t)
 	before := children(t, os.Getpid())
-	p := NewPool(3)
+	p := NewSparePool(3)
 	waitSpares(t, p, 3)
 	spawner := spawnerPID(t, p)
 	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", spawner)); strings.TrimSpace(string(comm)) != "grouped-snapsho" {
@@ -334,7 +334,7 @@ func TestCloseEndsSpares(t *testing.T) {
 // closes and the spawner ends itself and its spares.
 func TestSpawnerEndsWithDaemon(t *testing.T) {
 	requireRoot(t)
-	p := NewPool(2)
+	p := NewSparePool(2)
 	waitSpares(t, p, 2)
 	p.mu.Lock()
 	sp := p.spawner
@@ -359,7 +359,7 @@ func TestSpawnerEndsWithDaemon(t *testing.T) {
 // after the spare failed, and the spawner goes on serving.
 func TestFDRefusedMapping(t *testing.T) {
 	requireRoot(t)
-	p := NewPool(1)
+	p := NewSparePool(1)
 	defer p.Close()
 	waitSpares(t, p, 1)
 	spawner := spawnerPID(t, p)
@@ -387,7 +387,7 @@ func TestFDRefusedMapping(t *testing.T) {
 func TestConcurrentFDs(t *testing.T) {
 	requireRoot(t)
 	dir := rootOwnedFile(t)
-	p := NewPool(2)
+	p := NewSparePool(2)
 	defer p.Close()
 	waitSpares(t, p, 2)
 	const n = 12
@@ -439,7 +439,7 @@ func nice(t *testing.T, pid int) int {
 // the priority they were started at.
 func TestStockSparesStartAtIdlePriority(t *testing.T) {
 	requireRoot(t)
-	p := NewPool(2)
+	p := NewSparePool(2)
 	defer p.Close()
 	waitSpares(t, p, 2)
 	spawner := spawnerPID(t, p)
@@ -461,7 +461,7 @@ func TestStockSparesStartAtIdlePriority(t *testing.T) {
 func TestSpawnerRunsOnOneThread(t *testing.T) {
 	requireRoot(t)
 	t.Setenv("GOMAXPROCS", "4")
-	p := NewPool(1)
+	p := NewSparePool(1)
 	defer p.Close()
 	waitSpares(t, p, 1)
 	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", spawnerPID(t, p)))
