@@ -67,6 +67,23 @@ func rootOwnedFile(t *testing.T) string {
 	return dir
 }
 
+// checkFDsMapRoot takes descriptors of three mappings from p and checks
+// that each maps the namespace's root to the mapping's host IDs.
+func checkFDsMapRoot(t *testing.T, p *Pool, dir string) {
+	t.Helper()
+	for i, host := range []uint32{1 << 20, 2 << 20, 3 << 20} {
+		f, err := p.FD(mapping(host))
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, gid := ownerThrough(t, dir, f)
+		f.Close()
+		if uid != host || gid != host {
+			t.Errorf("use %d: root-owned file shows %d:%d through the namespace, want %d:%d", i, uid, gid, host, host)
+		}
+	}
+}
+
 // waitSpares waits until p's spawner has n spares ready.
 func waitSpares(t *testing.T, p *Pool, n int) {
 	t.Helper()
@@ -167,17 +184,7 @@ func TestFDMapsRoot(t *testing.T) {
 			p := NewSparePool(size)
 			defer p.Close()
 			waitSpares(t, p, size)
-			for i, host := range []uint32{1 << 20, 2 << 20, 3 << 20} {
-				f, err := p.FD(mapping(host))
-				if err != nil {
-					t.Fatal(err)
-				}
-				uid, gid := ownerThrough(t, dir, f)
-				f.Close()
-				if uid != host || gid != host {
-					t.Errorf("use %d: root-owned file shows %d:%d through the namespace, want %d:%d", i, uid, gid, host, host)
-				}
-			}
+			checkFDsMapRoot(t, p, dir)
 			st := p.Stats()
 			if size > 0 && st.FromSpare == 0 {
 				t.Errorf("no descriptor came from a spare: %+v", st)

@@ -1,18 +1,12 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // TestGOMAXPROCS runs the daemon and reads the Go runtime's own
@@ -46,36 +40,12 @@ func daemonGOMAXPROCS(t *testing.T, config, env string) int {
 	if err := os.WriteFile(cfg, []byte(config+fmt.Sprintf("metrics_address = %q\n", "unix://"+metricsSock)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(daemonBin, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
-	cmd.Env = append(os.Environ(), "GOMAXPROCS="+env)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	startDaemon(t, dir, []string{"GOMAXPROCS=" + env}, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
+	body := getOverUnix(t, metricsSock, "http://metrics/metrics")
+	m := regexp.MustCompile(`(?m)^go_sched_gomaxprocs_threads (\d+)$`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no go_sched_gomaxprocs_threads in the daemon's metrics:\n%.2000s", body)
 	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		unmountUnder(t, dir)
-	}()
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", metricsSock)
-	}}}
-	re := regexp.MustCompile(`(?m)^go_sched_gomaxprocs_threads (\d+)$`)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := client.Get("http://metrics/metrics")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			m := re.FindSubmatch(body)
-			if m == nil {
-				t.Fatalf("no go_sched_gomaxprocs_threads in the daemon's metrics:\n%.2000s", body)
-			}
-			n, _ := strconv.Atoi(string(m[1]))
-			return n
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics never answered: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }
