@@ -39,14 +39,7 @@ var cloneStack = sync.OnceValues(func() (uintptr, error) {
 // cloneFD returns a descriptor of a new user namespace with mapping m,
 // held by a shared-memory child for the time it takes to map and open it.
 func cloneFD(m *idmap.Mapping) (*os.File, error) {
-	if !haveCloneUserns {
-		return nil, errNoCloneUserns
-	}
-	stack, err := cloneStack()
-	if err != nil {
-		return nil, err
-	}
-	pid, err := startCloneChild(stack)
+	pid, err := startCloneChild()
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +50,14 @@ func cloneFD(m *idmap.Mapping) (*os.File, error) {
 
 // startCloneChild starts the child with every signal blocked on this
 // thread, which the child inherits, and the thread's mask restored after.
-func startCloneChild(stack uintptr) (int, error) {
+func startCloneChild() (int, error) {
+	if !haveCloneUserns {
+		return 0, errNoCloneUserns
+	}
+	stack, err := cloneStack()
+	if err != nil {
+		return 0, err
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var all, old unix.Sigset_t
@@ -100,11 +100,7 @@ func endCloneChild(pid int) {
 // probeClone starts and ends a child, to learn whether this process may
 // make user namespaces that way at all.
 func probeClone() error {
-	stack, err := cloneStack()
-	if err != nil {
-		return err
-	}
-	pid, err := startCloneChild(stack)
+	pid, err := startCloneChild()
 	if err != nil {
 		return err
 	}

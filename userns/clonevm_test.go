@@ -14,14 +14,32 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A namespace from a shared-memory child maps its root to the mapping's
-// host IDs, and the child is gone (reaped) when cloneFD returns, also when
-// many run at once.
-func TestCloneFDMapsRootAndLeavesNoChild(t *testing.T) {
+// requireCloneChild needs root and a build with the shared-memory child;
+// elsewhere the pool's spares serve, and their own tests run.
+func requireCloneChild(t *testing.T) {
+	t.Helper()
 	requireRoot(t)
 	if !haveCloneUserns {
 		t.Skipf("no shared-memory user-namespace child on %s; the pool's spares serve there (TestFDMapsRoot)", runtime.GOARCH)
 	}
+}
+
+// checkNoNewChildren fails t for each child of this process not in before:
+// a shared-memory child not reaped, or a spawner started.
+func checkNoNewChildren(t *testing.T, before map[int]bool) {
+	t.Helper()
+	for pid := range children(t, os.Getpid()) {
+		if !before[pid] {
+			t.Errorf("child process %d left behind", pid)
+		}
+	}
+}
+
+// A namespace from a shared-memory child maps its root to the mapping's
+// host IDs, and the child is gone (reaped) when cloneFD returns, also when
+// many run at once.
+func TestCloneFDMapsRootAndLeavesNoChild(t *testing.T) {
+	requireCloneChild(t)
 	dir := rootOwnedFile(t)
 	before := children(t, os.Getpid())
 	var wg sync.WaitGroup
@@ -42,19 +60,12 @@ func TestCloneFDMapsRootAndLeavesNoChild(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for pid := range children(t, os.Getpid()) {
-		if !before[pid] {
-			t.Errorf("child %d of cloneFD left behind", pid)
-		}
-	}
+	checkNoNewChildren(t, before)
 }
 
 // The thread that starts a child gets its signal mask back.
 func TestCloneFDRestoresSignalMask(t *testing.T) {
-	requireRoot(t)
-	if !haveCloneUserns {
-		t.Skipf("no shared-memory user-namespace child on %s", runtime.GOARCH)
-	}
+	requireCloneChild(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	before := sigBlk(t)
@@ -87,16 +98,9 @@ func sigBlk(t *testing.T) string {
 // between starting it and reaping it) dies too, instead of holding the
 // dead daemon's memory.
 func TestCloneChildDiesWithItsParent(t *testing.T) {
-	requireRoot(t)
-	if !haveCloneUserns {
-		t.Skipf("no shared-memory user-namespace child on %s", runtime.GOARCH)
-	}
+	requireCloneChild(t)
 	if os.Getenv("GS_TEST_CLONE_ORPHAN") == "1" {
-		stack, err := cloneStack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := startCloneChild(stack)
+		pid, err := startCloneChild()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,10 +143,7 @@ func TestCloneChildDiesWithItsParent(t *testing.T) {
 // Where the shared-memory child works, a pool makes every descriptor with
 // one and starts no spawner: no spare process at all.
 func TestPoolUsesCloneChildAndKeepsNoSpares(t *testing.T) {
-	requireRoot(t)
-	if !haveCloneUserns {
-		t.Skipf("no shared-memory user-namespace child on %s", runtime.GOARCH)
-	}
+	requireCloneChild(t)
 	dir := rootOwnedFile(t)
 	before := children(t, os.Getpid())
 	p := NewPool(2)
@@ -151,9 +152,5 @@ func TestPoolUsesCloneChildAndKeepsNoSpares(t *testing.T) {
 	if st := p.Stats(); st.FromClone != 3 || st.FromSpare != 0 || st.FromHelper != 0 || st.SparesStarted != 0 {
 		t.Errorf("stats %+v, want 3 descriptors from shared-memory children and no spare", st)
 	}
-	for pid := range children(t, os.Getpid()) {
-		if !before[pid] {
-			t.Errorf("process %d left behind (a spawner or a child)", pid)
-		}
-	}
+	checkNoNewChildren(t, before)
 }

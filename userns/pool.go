@@ -52,8 +52,9 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 )
 
-// Pool keeps up to a number of spare processes in unmapped user
-// namespaces. Its methods are safe for concurrent use.
+// Pool hands out user-namespace descriptors: from shared-memory children
+// where they work, otherwise from up to a number of spare processes in
+// unmapped user namespaces. Its methods are safe for concurrent use.
 type Pool struct {
 	size int
 	// clone says that descriptors come from a shared-memory child
