@@ -83,6 +83,17 @@ type Config struct {
 	// CPU in a 400-layer pull by a tenth. The in-process plugin ignores it:
 	// containerd owns that runtime.
 	GOMAXPROCS int `toml:"gomaxprocs"`
+	// SysmonPolling keeps the Go runtime's system monitor polling every
+	// 10 ms while the daemon is idle, instead of sleeping until the first
+	// system call of the next call wakes it and then polling every 20 µs
+	// until the call ends (see internal/sysmon). Measured on a virtual
+	// machine, it cut the daemon's CPU in a run of Prepare, Mounts and
+	// Remove calls by about two fifths and Prepare's and Commit's round
+	// trips by 0.07-0.10 ms, for 100 wakeups a second while idle (0.35%
+	// of one CPU there). The daemon sets it by executing itself again at
+	// start with GODEBUG=schedtrace=2147483647; a GODEBUG that sets
+	// schedtrace wins. The in-process plugin ignores it.
+	SysmonPolling bool `toml:"sysmon_polling"`
 }
 
 // DefaultConfig returns the built-in defaults, used when no file exists.
@@ -95,6 +106,7 @@ func DefaultConfig() Config {
 		UsernsSpares:      DefaultUsernsSpares,
 		LogLevel:          "info",
 		GOMAXPROCS:        DefaultGOMAXPROCS,
+		SysmonPolling:     true,
 	}
 }
 

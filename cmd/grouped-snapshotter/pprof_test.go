@@ -57,7 +57,7 @@ func getOverUnix(t *testing.T, sock, url string) string {
 // startDaemon starts the daemon with args and environment variables env
 // added to the test's; when t ends it is killed and whatever it left
 // mounted under dir is unmounted.
-func startDaemon(t *testing.T, dir string, env []string, args ...string) {
+func startDaemon(t *testing.T, dir string, env []string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(daemonBin, args...)
 	cmd.Env = append(os.Environ(), env...)
@@ -69,4 +69,5 @@ func startDaemon(t *testing.T, dir string, env []string, args ...string) {
 		cmd.Wait()
 		unmountUnder(t, dir)
 	})
+	return cmd
 }

@@ -5,8 +5,10 @@
 // the cost of being out of process from grouped-snapshotter's own work.
 // It accepts grouped-snapshotter's flags so the integration harness can
 // start it in its place (--config is ignored), and runs with grouped's
-// default GOMAXPROCS (one), so that the two differ in snapshotter code
-// alone, not in how their runtimes hand a call between threads.
+// default GOMAXPROCS (one) and, as grouped does by default, Go's system
+// monitor polling while idle (internal/sysmon), so that the two differ in
+// snapshotter code alone, not in how their runtimes hand a call between
+// threads or wake up.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/sysmon"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
@@ -42,7 +45,13 @@ func run() error {
 	address := flag.String("address", "/run/overlay-proxy.sock", "unix socket to serve on")
 	level := flag.String("log-level", "info", "log level")
 	procs := flag.Int("gomaxprocs", plugin.DefaultGOMAXPROCS, "GOMAXPROCS unless the environment sets it (0: Go's default), as grouped-snapshotter's gomaxprocs")
+	polling := flag.Bool("sysmon-polling", true, "keep Go's system monitor polling while idle unless GODEBUG sets schedtrace, as grouped-snapshotter's sysmon_polling")
 	flag.Parse()
+	if set, _ := sysmon.FromGODEBUG(os.Getenv("GODEBUG")); *polling && !set {
+		if err := sysmon.Reexec(); err != nil {
+			return err
+		}
+	}
 	if os.Getenv("GOMAXPROCS") == "" && *procs > 0 {
 		runtime.GOMAXPROCS(*procs)
 	}

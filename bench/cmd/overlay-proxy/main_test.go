@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/sysmon"
 )
 
 // TestServesOverlaySnapshots builds the daemon, starts it the way the
@@ -62,6 +66,15 @@ func TestServesOverlaySnapshots(t *testing.T) {
 	info, err := sn.Stat(ctx, "layer")
 	if err != nil || info.Kind != snapshots.KindCommitted {
 		t.Fatalf("stat layer: %+v %v", info, err)
+	}
+	// As grouped's daemon by default, the control serves from an image
+	// executed again, in place, with Go's system monitor polling.
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(environ, []byte("\x00GODEBUG="+sysmon.Setting+"\x00")) && !bytes.HasPrefix(environ, []byte("GODEBUG="+sysmon.Setting+"\x00")) {
+		t.Errorf("the control serves without GODEBUG=%s in its image's environment", sysmon.Setting)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,166 @@
+package sysmon
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// helperEnv makes the test binary a helper process (see TestMain).
+const helperEnv = "SYSMON_TEST_HELPER"
+
+// TestMain runs the helper when asked: it prints its PID, GODEBUG and
+// whether the monitor polls, executes itself again with the monitor
+// polling unless GODEBUG decides, and in the end counts its threads'
+// voluntary context switches over idleFor of sleep.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "" {
+		os.Exit(m.Run())
+	}
+	fmt.Printf("pid=%d polling=%t godebug=%q\n", os.Getpid(), Polling(), os.Getenv("GODEBUG"))
+	if set, _ := FromGODEBUG(os.Getenv("GODEBUG")); !set {
+		if err := Reexec(); err != nil {
+			fmt.Println("reexec:", err)
+			os.Exit(1)
+		}
+	}
+	// The runtime's own work after a start (its scavenger, say) wakes the
+	// monitor for a while: let it pass.
+	time.Sleep(time.Second)
+	before := contextSwitches()
+	time.Sleep(idleFor)
+	fmt.Printf("switches=%d\n", contextSwitches()-before)
+	os.Exit(0)
+}
+
+const idleFor = time.Second
+
+// contextSwitches sums the voluntary context switches of this process's
+// threads.
+func contextSwitches() int {
+	tasks, _ := filepath.Glob("/proc/self/task/*/status")
+	n := 0
+	for _, status := range tasks {
+		b, err := os.ReadFile(status)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += c
+			}
+		}
+	}
+	return n
+}
+
+func TestFromGODEBUG(t *testing.T) {
+	for _, tc := range []struct {
+		godebug      string
+		set, polling bool
+	}{
+		{"", false, false},
+		{"gctrace=1", false, false},
+		{"schedtrace=0", true, false},
+		{"schedtrace=1000", true, true},
+		{Setting, true, true},
+		{"gctrace=1,schedtrace=5,scheddetail=1", true, true},
+		{"schedtrace=5,schedtrace=0", true, false},
+		// The runtime ignores what it cannot parse, and so do we.
+		{"schedtrace=often", false, false},
+		{"schedtrace=99999999999", false, false},
+		{"xschedtrace=5", false, false},
+	} {
+		set, polling := FromGODEBUG(tc.godebug)
+		if set != tc.set || polling != tc.polling {
+			t.Errorf("FromGODEBUG(%q) = %t, %t, want %t, %t", tc.godebug, set, polling, tc.set, tc.polling)
+		}
+	}
+}
+
+func TestUnset(t *testing.T) {
+	for in, want := range map[string]string{
+		Setting:                "",
+		"gctrace=1," + Setting: "gctrace=1",
+		"gctrace=1":            "gctrace=1",
+		"schedtrace=1000":      "schedtrace=1000",
+		Setting + ",gctrace=1": Setting + ",gctrace=1",
+		"":                     "",
+	} {
+		if got := Unset(in); got != want {
+			t.Errorf("Unset(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// runHelper runs the test binary as the helper with GODEBUG set to godebug
+// and returns its output lines.
+func runHelper(t *testing.T, godebug string) []string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", "GODEBUG="+godebug)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+func switchesOf(t *testing.T, line string) int {
+	t.Helper()
+	v, ok := strings.CutPrefix(line, "switches=")
+	if !ok {
+		t.Fatalf("helper's last line %q is not its context switches", line)
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// TestReexec executes a helper again with the monitor polling: the same
+// PID, the caller's GODEBUG with Setting added, and a runtime whose monitor
+// then wakes up every 10 ms while the process sleeps. With GODEBUG's
+// schedtrace=0, which decides against it, the helper is not executed again
+// and its monitor sleeps.
+func TestReexec(t *testing.T) {
+	lines := runHelper(t, "gctrace=0")
+	if len(lines) != 3 {
+		t.Fatalf("helper printed %q, want its state before and after executing itself again and its context switches", lines)
+	}
+	var pid1, pid2 int
+	var polling1, polling2 bool
+	var godebug1, godebug2 string
+	if _, err := fmt.Sscanf(lines[0], "pid=%d polling=%t godebug=%q", &pid1, &polling1, &godebug1); err != nil {
+		t.Fatalf("first line %q: %v", lines[0], err)
+	}
+	if _, err := fmt.Sscanf(lines[1], "pid=%d polling=%t godebug=%q", &pid2, &polling2, &godebug2); err != nil {
+		t.Fatalf("second line %q: %v", lines[1], err)
+	}
+	if pid1 != pid2 {
+		t.Errorf("executed again as PID %d, was %d", pid2, pid1)
+	}
+	if polling1 || !polling2 {
+		t.Errorf("monitor polling %t before and %t after executing again, want false and true", polling1, polling2)
+	}
+	if want := "gctrace=0," + Setting; godebug2 != want {
+		t.Errorf("GODEBUG after executing again %q, want %q", godebug2, want)
+	}
+	// 10 ms apart, the monitor wakes about 100 times in idleFor (101-106
+	// seen); sleeping deeply, the helper's threads switch 11-12 times.
+	if n := switchesOf(t, lines[2]); n < 50 {
+		t.Errorf("%d context switches in %s of sleep with the monitor polling, want at least 50", n, idleFor)
+	}
+
+	lines = runHelper(t, "schedtrace=0")
+	if len(lines) != 2 || !strings.Contains(lines[0], "polling=false") {
+		t.Fatalf("helper with schedtrace=0 printed %q, want one state (not executed again) and its context switches", lines)
+	}
+	if n := switchesOf(t, lines[1]); n > 30 {
+		t.Errorf("%d context switches in %s of sleep with the monitor sleeping deeply, want at most 30", n, idleFor)
+	}
+}
