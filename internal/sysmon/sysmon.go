@@ -66,9 +66,25 @@ func Polling() bool {
 // environment (NOTIFY_SOCKET), so a supervisor sees nothing but a new
 // image. It returns only on failure, with the process as it was.
 //
+// It executes the program by its path, not /proc/self/exe, for the
+// kernel names the process after the file executed (ps, top and tracing
+// would show "exe"), and only while that path is still the running file:
+// a binary upgraded in place since the start is not run in its stead.
+//
 // Call it before the process makes anything another image would not know
 // of: its listening socket, its children, a lock.
 func Reexec() error {
+	path, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("path of the running program: %w", err)
+	}
+	var running, named syscall.Stat_t
+	if err := syscall.Stat("/proc/self/exe", &running); err != nil {
+		return fmt.Errorf("stat the running program: %w", err)
+	}
+	if err := syscall.Stat(path, &named); err != nil || named.Dev != running.Dev || named.Ino != running.Ino {
+		return fmt.Errorf("%s is no longer the running program (replaced since the start?): not executing it", path)
+	}
 	env := os.Environ()
 	godebug := Setting
 	for i, kv := range env {
@@ -81,10 +97,8 @@ func Reexec() error {
 		}
 	}
 	env = append(env, "GODEBUG="+godebug)
-	// /proc/self/exe is this very binary, even if its path now names another
-	// (an upgrade) or nothing.
-	if err := syscall.Exec("/proc/self/exe", os.Args, env); err != nil {
-		return fmt.Errorf("execute %s again with GODEBUG=%s: %w", os.Args[0], godebug, err)
+	if err := syscall.Exec(path, os.Args, env); err != nil {
+		return fmt.Errorf("execute %s again with GODEBUG=%s: %w", path, godebug, err)
 	}
 	return nil
 }

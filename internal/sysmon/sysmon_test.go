@@ -1,6 +1,7 @@
 package sysmon
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,8 +12,13 @@ import (
 	"time"
 )
 
-// helperEnv makes the test binary a helper process (see TestMain).
-const helperEnv = "SYSMON_TEST_HELPER"
+// helperEnv makes the test binary a helper process (see TestMain);
+// replaceEnv names the helper's own path, which it replaces before
+// executing itself again.
+const (
+	helperEnv  = "SYSMON_TEST_HELPER"
+	replaceEnv = "SYSMON_TEST_REPLACE"
+)
 
 // TestMain runs the helper when asked: it prints its PID, GODEBUG and
 // whether the monitor polls, executes itself again with the monitor
@@ -22,11 +28,21 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "" {
 		os.Exit(m.Run())
 	}
-	fmt.Printf("pid=%d polling=%t godebug=%q\n", os.Getpid(), Polling(), os.Getenv("GODEBUG"))
+	comm, _ := os.ReadFile("/proc/self/comm")
+	fmt.Printf("pid=%d polling=%t godebug=%q comm=%q\n", os.Getpid(), Polling(), os.Getenv("GODEBUG"), strings.TrimSpace(string(comm)))
+	if self := os.Getenv(replaceEnv); self != "" {
+		// An upgrade in place: another file now has the program's path.
+		if err := os.WriteFile(self+".new", []byte("#!/bin/sh\necho replaced\n"), 0o755); err != nil {
+			panic(err)
+		}
+		if err := os.Rename(self+".new", self); err != nil {
+			panic(err)
+		}
+	}
 	if set, _ := FromGODEBUG(os.Getenv("GODEBUG")); !set {
 		if err := Reexec(); err != nil {
 			fmt.Println("reexec:", err)
-			os.Exit(1)
+			os.Exit(3)
 		}
 	}
 	// The runtime's own work after a start (its scavenger, say) wakes the
@@ -134,15 +150,19 @@ func TestReexec(t *testing.T) {
 	}
 	var pid1, pid2 int
 	var polling1, polling2 bool
-	var godebug1, godebug2 string
-	if _, err := fmt.Sscanf(lines[0], "pid=%d polling=%t godebug=%q", &pid1, &polling1, &godebug1); err != nil {
+	var godebug1, godebug2, comm1, comm2 string
+	if _, err := fmt.Sscanf(lines[0], "pid=%d polling=%t godebug=%q comm=%q", &pid1, &polling1, &godebug1, &comm1); err != nil {
 		t.Fatalf("first line %q: %v", lines[0], err)
 	}
-	if _, err := fmt.Sscanf(lines[1], "pid=%d polling=%t godebug=%q", &pid2, &polling2, &godebug2); err != nil {
+	if _, err := fmt.Sscanf(lines[1], "pid=%d polling=%t godebug=%q comm=%q", &pid2, &polling2, &godebug2, &comm2); err != nil {
 		t.Fatalf("second line %q: %v", lines[1], err)
 	}
 	if pid1 != pid2 {
 		t.Errorf("executed again as PID %d, was %d", pid2, pid1)
+	}
+	// ps, top and every trace by command name must still find it.
+	if comm1 != comm2 || comm2 == "exe" {
+		t.Errorf("executed again as command %q, was %q", comm2, comm1)
 	}
 	if polling1 || !polling2 {
 		t.Errorf("monitor polling %t before and %t after executing again, want false and true", polling1, polling2)
@@ -162,5 +182,32 @@ func TestReexec(t *testing.T) {
 	}
 	if n := switchesOf(t, lines[1]); n > 30 {
 		t.Errorf("%d context switches in %s of sleep with the monitor sleeping deeply, want at most 30", n, idleFor)
+	}
+}
+
+// TestReexecRefusesReplacedProgram runs a copy of the test binary that
+// replaces its own file before executing itself again, as an upgrade in
+// place would: Reexec must refuse to run the new file.
+func TestReexecRefusesReplacedProgram(t *testing.T) {
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "helper.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", replaceEnv+"="+bin, "GODEBUG=")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("helper whose program was replaced: %v, want exit 3 from a refused Reexec\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "reexec: "+bin+" is no longer the running program") {
+		t.Errorf("helper's output %q does not say the program was replaced", out)
+	}
+	if strings.Contains(string(out), "replaced\n") && !strings.Contains(string(out), "reexec:") {
+		t.Errorf("the replacement ran: %q", out)
 	}
 }
