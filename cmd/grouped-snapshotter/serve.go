@@ -109,7 +109,11 @@ func keepSysmonPolling(ctx context.Context, configured bool) {
 	case set:
 		source = "GODEBUG's schedtrace"
 	}
-	log.G(ctx).WithField("polling", polling).WithField("from", source).Info("Go's system monitor polls while the daemon is idle, or sleeps")
+	msg := "Go's system monitor sleeps while the daemon is idle; the next call wakes it"
+	if polling {
+		msg = "Go's system monitor polls every 10 ms while the daemon is idle"
+	}
+	log.G(ctx).WithField("from", source).Info(msg)
 }
 
 // daemonAdmin answers the admin CLI's questions about the running daemon.
