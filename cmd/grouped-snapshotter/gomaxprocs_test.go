@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -34,18 +35,26 @@ func TestGOMAXPROCS(t *testing.T) {
 // GOMAXPROCS environment variable env, and returns its GOMAXPROCS.
 func daemonGOMAXPROCS(t *testing.T, config, env string) int {
 	t.Helper()
-	dir := t.TempDir()
-	metricsSock := filepath.Join(dir, "metrics.sock")
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(config+fmt.Sprintf("metrics_address = %q\n", "unix://"+metricsSock)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	startDaemon(t, dir, []string{"GOMAXPROCS=" + env}, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
-	body := getOverUnix(t, metricsSock, "http://metrics/metrics")
+	_, body := startServingMetrics(t, config, []string{"GOMAXPROCS=" + env})
 	m := regexp.MustCompile(`(?m)^go_sched_gomaxprocs_threads (\d+)$`).FindStringSubmatch(body)
 	if m == nil {
 		t.Fatalf("no go_sched_gomaxprocs_threads in the daemon's metrics:\n%.2000s", body)
 	}
 	n, _ := strconv.Atoi(m[1])
 	return n
+}
+
+// startServingMetrics starts the daemon with config (metrics_address is
+// added) and environment variables env added to the test's, waits until it
+// serves its metrics, and returns it and its metrics.
+func startServingMetrics(t *testing.T, config string, env []string) (*exec.Cmd, string) {
+	t.Helper()
+	dir := t.TempDir()
+	metricsSock := filepath.Join(dir, "metrics.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(config+fmt.Sprintf("metrics_address = %q\n", "unix://"+metricsSock)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := startDaemon(t, dir, env, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
+	return cmd, getOverUnix(t, metricsSock, "http://metrics/metrics")
 }

@@ -102,12 +102,13 @@ func keepSysmonPolling(ctx context.Context, configured bool) {
 	}
 	source := "sysmon_polling in the config"
 	switch rest := sysmon.Unset(godebug); {
-	case rest == "" && godebug != "":
-		os.Unsetenv("GODEBUG")
-	case rest != godebug:
-		os.Setenv("GODEBUG", rest)
-	case set:
+	case rest == godebug && set:
 		source = "GODEBUG's schedtrace"
+	case rest == godebug:
+	case rest == "":
+		os.Unsetenv("GODEBUG")
+	default:
+		os.Setenv("GODEBUG", rest)
 	}
 	msg := "Go's system monitor sleeps while the daemon is idle; the next call wakes it"
 	if polling {

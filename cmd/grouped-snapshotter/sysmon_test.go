@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,20 +29,13 @@ func TestSysmonPolling(t *testing.T) {
 		{"GODEBUG wins", "", "schedtrace=0", "schedtrace=0", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			metricsSock := filepath.Join(dir, "metrics.sock")
-			cfg := filepath.Join(dir, "config.toml")
-			if err := os.WriteFile(cfg, []byte(tc.config+fmt.Sprintf("metrics_address = %q\n", "unix://"+metricsSock)), 0o600); err != nil {
-				t.Fatal(err)
-			}
 			var env []string
 			if tc.godebug != "" {
 				env = []string{"GODEBUG=" + tc.godebug}
 			}
-			cmd := startDaemon(t, dir, env, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
 			// Serving: the process that serves is the one started, in
 			// whichever image.
-			getOverUnix(t, metricsSock, "http://metrics/metrics")
+			cmd, _ := startServingMetrics(t, tc.config, env)
 			pid := cmd.Process.Pid
 			if got := environGODEBUG(t, pid); got != tc.wantGODEBUG {
 				t.Errorf("daemon's image started with GODEBUG=%q, want %q", got, tc.wantGODEBUG)
@@ -82,26 +73,13 @@ func environGODEBUG(t *testing.T, pid int) string {
 	return ""
 }
 
-// daemonSwitches sums the voluntary context switches of process pid's
+// daemonSwitches sums the voluntary context switches of the daemon's
 // threads.
 func daemonSwitches(t *testing.T, pid int) int {
 	t.Helper()
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
-	if err != nil || len(tasks) == 0 {
-		t.Fatalf("threads of the daemon %d: %v", pid, err)
-	}
-	n := 0
-	for _, status := range tasks {
-		b, err := os.ReadFile(status)
-		if err != nil {
-			continue // the thread exited
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-				c, _ := strconv.Atoi(strings.TrimSpace(v))
-				n += c
-			}
-		}
+	n, err := sysmon.ContextSwitches(pid)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n
 }

@@ -26,6 +26,7 @@ package sysmon
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,11 +54,28 @@ func FromGODEBUG(godebug string) (set, polling bool) {
 	return set, polling
 }
 
-// Polling reports whether this process's monitor polls: its GODEBUG, which
-// the runtime read at start, sets schedtrace above zero.
-func Polling() bool {
-	_, polling := FromGODEBUG(os.Getenv("GODEBUG"))
-	return polling
+// ContextSwitches sums the voluntary context switches of process pid's
+// threads: a monitor that polls shows as about 100 a second while the
+// process is idle, one that sleeps as next to none.
+func ContextSwitches(pid int) (int, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("threads of process %d: none found (%v)", pid, err)
+	}
+	n := 0
+	for _, status := range tasks {
+		b, err := os.ReadFile(status)
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += c
+			}
+		}
+	}
+	return n, nil
 }
 
 // Reexec replaces the process with its own program, arguments and

@@ -20,8 +20,8 @@ const (
 	replaceEnv = "SYSMON_TEST_REPLACE"
 )
 
-// TestMain runs the helper when asked: it prints its PID, GODEBUG and
-// whether the monitor polls, executes itself again with the monitor
+// TestMain runs the helper when asked: it prints its PID, GODEBUG,
+// whether the monitor polls and its command name, executes itself again with the monitor
 // polling unless GODEBUG decides, and in the end counts its threads'
 // voluntary context switches over idleFor of sleep.
 func TestMain(m *testing.M) {
@@ -29,7 +29,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	comm, _ := os.ReadFile("/proc/self/comm")
-	fmt.Printf("pid=%d polling=%t godebug=%q comm=%q\n", os.Getpid(), Polling(), os.Getenv("GODEBUG"), strings.TrimSpace(string(comm)))
+	_, polling := FromGODEBUG(os.Getenv("GODEBUG"))
+	fmt.Printf("pid=%d polling=%t godebug=%q comm=%q\n", os.Getpid(), polling, os.Getenv("GODEBUG"), strings.TrimSpace(string(comm)))
 	if self := os.Getenv(replaceEnv); self != "" {
 		// An upgrade in place: another file now has the program's path.
 		if err := os.WriteFile(self+".new", []byte("#!/bin/sh\necho replaced\n"), 0o755); err != nil {
@@ -48,33 +49,20 @@ func TestMain(m *testing.M) {
 	// The runtime's own work after a start (its scavenger, say) wakes the
 	// monitor for a while: let it pass.
 	time.Sleep(time.Second)
-	before := contextSwitches()
+	before, err := ContextSwitches(os.Getpid())
+	if err != nil {
+		panic(err)
+	}
 	time.Sleep(idleFor)
-	fmt.Printf("switches=%d\n", contextSwitches()-before)
+	after, err := ContextSwitches(os.Getpid())
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("switches=%d\n", after-before)
 	os.Exit(0)
 }
 
 const idleFor = time.Second
-
-// contextSwitches sums the voluntary context switches of this process's
-// threads.
-func contextSwitches() int {
-	tasks, _ := filepath.Glob("/proc/self/task/*/status")
-	n := 0
-	for _, status := range tasks {
-		b, err := os.ReadFile(status)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
-				c, _ := strconv.Atoi(strings.TrimSpace(v))
-				n += c
-			}
-		}
-	}
-	return n
-}
 
 func TestFromGODEBUG(t *testing.T) {
 	for _, tc := range []struct {

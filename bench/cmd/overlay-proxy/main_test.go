@@ -1,12 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestServesOverlaySnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(environ, []byte("\x00GODEBUG="+sysmon.Setting+"\x00")) && !bytes.HasPrefix(environ, []byte("GODEBUG="+sysmon.Setting+"\x00")) {
+	if !slices.Contains(strings.Split(string(environ), "\x00"), "GODEBUG="+sysmon.Setting) {
 		t.Errorf("the control serves without GODEBUG=%s in its image's environment", sysmon.Setting)
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
