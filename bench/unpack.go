@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"golang.org/x/sys/unix"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/bench/containerdoverlay"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
@@ -61,16 +62,53 @@ func (t UnpackSyscalls) perLayer(calls []string) float64 {
 	return float64(k) / float64(t.Layers)
 }
 
+// unpackContenders are scenario 3b's: those with a socket, and containerd's
+// overlayfs called in the benchmark's own process, as containerd calls its
+// built-in snapshotter (no socket, no second process): what the socket
+// costs a pull's snapshot side, beside what grouped's own work costs.
+var unpackContenders = append(slices.Clone(apiContenders), Contenders[2])
+
+// inProcess reports whether scenario 3b calls c in the benchmark's process.
+func inProcess(c Contender) bool { return c.Snapshotter == harness.SnapshotterOverlayfs }
+
+// unpackLabel is c's name in scenario 3b's tables.
+func unpackLabel(name string) string {
+	if name == OverlayfsName {
+		return OverlayfsName + ", in process"
+	}
+	return name
+}
+
+// withUnpackContender runs fn on a fresh instance of c in dir, which it
+// creates and removes: a daemon of its own, or containerd's overlay
+// snapshotter in this process. pid is whose threads make its syscalls.
+func withUnpackContender(ctx context.Context, c Contender, bins daemonBins, dir string, fn func(sn snapshots.Snapshotter, pid int) error) error {
+	if !inProcess(c) {
+		return withDaemon(ctx, bins.of(c), dir, c.IDMap, func(d *daemon) error { return fn(d.sn, d.PID()) })
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	sn, err := containerdoverlay.New(filepath.Join(dir, "root"))
+	if err != nil {
+		return errors.Join(fmt.Errorf("containerd's overlay snapshotter in %s: %w", dir, err), os.RemoveAll(dir))
+	}
+	err = fn(sn, os.Getpid())
+	// It mounts nothing itself: its Cleanup (in unpackChain) and Close
+	// leave only directories.
+	return errors.Join(err, sn.Close(), os.RemoveAll(dir))
+}
+
 // runUnpacks is scenario 3b, the snapshot side of a pull without
 // containerd: per filesystem, repetition and contender (interleaved), a
-// fresh daemon of its own, one chain of n layers made, removed and cleaned
-// up (as a pull's predecessor is collected), then a timed chain of n
-// layers, each a Prepare over the socket, one small file written into its
-// upper (as containerd's applier writes a layer in place) and a Commit. It
-// is what grouped-snapshotter does in a pull, measured apart from
-// containerd's own work, which is most of a pull's time and the same for
-// every contender. A last, traced pass per filesystem counts the
-// daemons' fsyncs and directory operations in a chain of the longest
+// fresh instance of its own (unpackContenders), one chain of n layers
+// made, removed and cleaned up (as a pull's predecessor is collected),
+// then a timed chain of n layers, each a Prepare, one small file written
+// into its upper (as containerd's applier writes a layer in place) and a
+// Commit. It is what grouped-snapshotter does in a pull, measured apart
+// from containerd's own work, which is most of a pull's time and the same
+// for every contender. A last, traced pass per filesystem counts the
+// contenders' fsyncs and directory operations in a chain of the longest
 // length.
 func runUnpacks(ctx context.Context, cfg Config, bins daemonBins, dir string) (rows []UnpackRow, traced []UnpackSyscalls, err error) {
 	for _, fs := range cfg.unpackFilesystems() {
@@ -97,11 +135,11 @@ func unpacksOn(ctx context.Context, cfg Config, bins daemonBins, root, fs string
 	var rows []UnpackRow
 	for rep := range cfg.PullReps {
 		for _, n := range cfg.UnpackLayers {
-			for _, i := range rotation(rep, len(apiContenders)) {
-				c := apiContenders[i]
+			for _, i := range rotation(rep, len(unpackContenders)) {
+				c := unpackContenders[i]
 				var secs float64
-				err := withDaemon(ctx, bins.of(c), filepath.Join(root, fmt.Sprintf("%d-%d-%d", rep, n, i)), c.IDMap, func(d *daemon) (err error) {
-					secs, _, err = unpackChain(ctx, d, n, false)
+				err := withUnpackContender(ctx, c, bins, filepath.Join(root, fmt.Sprintf("%d-%d-%d", rep, n, i)), func(sn snapshots.Snapshotter, pid int) (err error) {
+					secs, _, err = unpackChain(ctx, sn, pid, n, false)
 					return err
 				})
 				if err != nil {
@@ -114,10 +152,10 @@ func unpacksOn(ctx context.Context, cfg Config, bins daemonBins, root, fs string
 	}
 	var traced []UnpackSyscalls
 	n := slices.Max(cfg.UnpackLayers)
-	for i, c := range apiContenders {
+	for i, c := range unpackContenders {
 		var calls map[string]int
-		err := withDaemon(ctx, bins.of(c), filepath.Join(root, fmt.Sprintf("traced-%d", i)), c.IDMap, func(d *daemon) (err error) {
-			_, calls, err = unpackChain(ctx, d, n, true)
+		err := withUnpackContender(ctx, c, bins, filepath.Join(root, fmt.Sprintf("traced-%d", i)), func(sn snapshots.Snapshotter, pid int) (err error) {
+			_, calls, err = unpackChain(ctx, sn, pid, n, true)
 			return err
 		})
 		if err != nil {
@@ -167,33 +205,40 @@ func mountJournaledExt4(ctx context.Context, dir string) (unmount func() error, 
 	}, nil
 }
 
-// unpackChain makes, removes and cleans up one chain of n layers, then
-// times a second one; traced, it counts the daemon's syscalls of
-// unpackTraced during the second one instead (at least two fsyncs per
-// layer, one per metadata transaction, or the trace lost the daemon).
-func unpackChain(ctx context.Context, d *daemon, n int, traced bool) (float64, map[string]int, error) {
-	keys, err := layerChain(ctx, d.sn, "warm", n)
+// unpackChain makes, removes and cleans up one chain of n layers in sn,
+// then times a second one; traced, it counts the syscalls of unpackTraced
+// that pid's threads make during the second one instead (at least two
+// fsyncs per layer, one per metadata transaction, or the trace lost the
+// snapshotter). A pid of this process counts its own threads only, not
+// the containerds and daemons it started before.
+func unpackChain(ctx context.Context, sn snapshots.Snapshotter, pid, n int, traced bool) (float64, map[string]int, error) {
+	keys, err := layerChain(ctx, sn, "warm", n)
 	if err != nil {
 		return 0, nil, err
 	}
 	for i := len(keys) - 1; i >= 0; i-- {
-		if err := d.sn.Remove(ctx, keys[i]); err != nil {
+		if err := sn.Remove(ctx, keys[i]); err != nil {
 			return 0, nil, fmt.Errorf("remove %q: %w", keys[i], err)
 		}
 	}
-	if cl, ok := d.sn.(snapshots.Cleaner); ok {
+	if cl, ok := sn.(snapshots.Cleaner); ok {
 		if err := cl.Cleanup(ctx); err != nil {
 			return 0, nil, fmt.Errorf("cleanup: %w", err)
 		}
 	}
 	var tr *harness.MountTrace
 	if traced {
-		if tr, err = harness.StartSyscallTrace(unpackTraced, d.PID()); err != nil {
+		if pid == os.Getpid() {
+			tr, err = harness.StartThreadTrace(unpackTraced, pid)
+		} else {
+			tr, err = harness.StartSyscallTrace(unpackTraced, pid)
+		}
+		if err != nil {
 			return 0, nil, err
 		}
 	}
 	t0 := time.Now()
-	_, err = layerChain(ctx, d.sn, "timed", n)
+	_, err = layerChain(ctx, sn, "timed", n)
 	secs := time.Since(t0).Seconds()
 	if tr == nil {
 		return secs, nil, err
@@ -209,7 +254,7 @@ func unpackChain(ctx context.Context, d *daemon, n int, traced bool) (float64, m
 		}
 	}
 	if syncs := t.perLayer(harness.SyncSyscalls); syncs < 2 {
-		return 0, nil, fmt.Errorf("traced %.2f fsyncs per layer in a chain of %d layers, want at least 2 (one per metadata transaction): the trace lost the daemon", syncs, n)
+		return 0, nil, fmt.Errorf("traced %.2f fsyncs per layer in a chain of %d layers, want at least 2 (one per metadata transaction): the trace lost the snapshotter", syncs, n)
 	}
 	calls := t.Calls
 	return secs, calls, nil
@@ -313,11 +358,11 @@ func writeUnpacks(b *strings.Builder, res *Results) {
 	if len(res.Unpacks) == 0 {
 		return
 	}
-	b.WriteString("## 3b. The snapshot side of a pull\n\nWhat the snapshotter does in a pull, without containerd: per repetition a fresh daemon of each contender with a socket (containerd's overlayfs is built in; its control is overlayfs behind proxy), a chain of the given layers made, removed and cleaned up (as the previous image is collected before each pull of scenario 3), then a timed chain: per layer a Prepare through containerd's proxy client, one small file written into its upper (as containerd's applier does) and a Commit. A pull spends most of its time in containerd's own work, the same for every contender, so its ratio dilutes a difference in the snapshotter's; this is that difference alone. It runs on the machine's filesystem, where every other scenario runs, and on a fresh ext4 with mkfs.ext4's default journal on a loop device, as a node's /var/lib usually is: without a journal, ext4 skips inodes freed in the last minutes when it allocates one, so making a directory after an image was removed costs more there. The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval.\n\n")
+	b.WriteString("## 3b. The snapshot side of a pull\n\nWhat the snapshotter does in a pull, without containerd: per repetition a fresh daemon of each contender with a socket, and containerd's overlay snapshotter called in the benchmark's own process as containerd calls its built-in overlayfs (same code and options as overlayfs behind proxy, no socket, no second process: \"overlayfs, in process\"), a chain of the given layers made, removed and cleaned up (as the previous image is collected before each pull of scenario 3), then a timed chain: per layer a Prepare (through containerd's proxy client over the socket, or a direct call), one small file written into its upper (as containerd's applier does) and a Commit. A pull spends most of its time in containerd's own work, the same for every contender, so its ratio dilutes a difference in the snapshotter's; this is that difference alone, and grouped view ÷ overlayfs in process is what being out of process costs it. It runs on the machine's filesystem, where every other scenario runs, and on a fresh ext4 with mkfs.ext4's default journal on a loop device, as a node's /var/lib usually is: without a journal, ext4 skips inodes freed in the last minutes when it allocates one, so making a directory after an image was removed costs more there. The last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval.\n\n")
 	b.WriteString("| filesystem | layers | contender | time, s | per layer, ms | grouped view ÷ this [95% CI] |\n|---|---|---|---|---|---|\n")
 	for _, fs := range res.Config.unpackFilesystems() {
 		for _, n := range res.Config.UnpackLayers {
-			for _, c := range apiContenders {
+			for _, c := range unpackContenders {
 				s := Summarize(finite(unpackSamples(res, c.Name, fs, n)))
 				if s.N == 0 {
 					continue
@@ -326,7 +371,7 @@ func writeUnpacks(b *strings.Builder, res *Results) {
 				if c.Name != Grouped {
 					r = unpackRatio(res, c.Name, fs, n).format()
 				}
-				fmt.Fprintf(b, "| %s | %d | %s | %s | %.2f | %s |\n", fsLabel(res, fs), n, c.Name, s.format("%.3f"), 1000*s.Median/float64(n), r)
+				fmt.Fprintf(b, "| %s | %d | %s | %s | %.2f | %s |\n", fsLabel(res, fs), n, unpackLabel(c.Name), s.format("%.3f"), 1000*s.Median/float64(n), r)
 			}
 		}
 	}
@@ -334,10 +379,10 @@ func writeUnpacks(b *strings.Builder, res *Results) {
 	if len(res.UnpackSyscalls) == 0 {
 		return
 	}
-	b.WriteString("Syscalls per layer of the daemon in one more chain per contender, traced (tracefs, the daemon's threads), not timed: the fsync family is the metadata store's durability (bbolt syncs twice per write transaction, and Prepare and Commit are one transaction each); directory operations are the layer's directories.\n\n")
+	b.WriteString("Syscalls per layer of the snapshotter in one more chain per contender, traced (tracefs: the daemon's threads, or for overlayfs in process the benchmark's own), not timed: the fsync family is the metadata store's durability (bbolt syncs twice per write transaction, and Prepare and Commit are one transaction each); directory operations are the layer's directories.\n\n")
 	b.WriteString("| filesystem | layers | contender | fsync, fdatasync | mkdir | rename | unlink, rmdir |\n|---|---|---|---|---|---|---|\n")
 	for _, t := range res.UnpackSyscalls {
-		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", fsLabel(res, t.FS), t.Layers, t.Contender,
+		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", fsLabel(res, t.FS), t.Layers, unpackLabel(t.Contender),
 			t.perLayer(harness.SyncSyscalls), t.perLayer(mkdirCalls), t.perLayer(renameCalls), t.perLayer(removeCalls))
 	}
 	b.WriteString("\n")

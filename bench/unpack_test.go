@@ -10,6 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 func TestUpperOf(t *testing.T) {
@@ -189,5 +192,93 @@ func TestExt4HasJournal(t *testing.T) {
 	}
 	if has {
 		t.Error("an ext4 made without a journal, but ext4HasJournal says it has one")
+	}
+}
+
+// TestUnpackChainInProcess runs scenario 3b's in-process contender for
+// real on a short chain: containerd's overlay code in this process, its
+// fsyncs and directories counted from this process's threads alone (not
+// from a child started before the trace), and nothing left behind.
+func TestUnpackChainInProcess(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestUnpackChainInProcess needs root (tracefs): run as root, as CI does")
+	}
+	c := unpackContenders[len(unpackContenders)-1]
+	if !inProcess(c) || c.Name != OverlayfsName {
+		t.Fatalf("last 3b contender %+v, want overlayfs in process", c)
+	}
+	// A child started before the trace, which keeps making and removing a
+	// directory meanwhile: that must not count.
+	child := exec.Command("/bin/busybox", "sh", "-c", `while :; do /bin/busybox mkdir "$0" && /bin/busybox rmdir "$0"; done`, filepath.Join(t.TempDir(), "child"))
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+	dir := filepath.Join(t.TempDir(), "inproc")
+	const n = 8
+	var calls map[string]int
+	err := withUnpackContender(t.Context(), c, daemonBins{}, dir, func(sn snapshots.Snapshotter, pid int) (err error) {
+		if pid != os.Getpid() {
+			t.Errorf("pid %d, want this process's %d", pid, os.Getpid())
+		}
+		_, calls, err = unpackChain(t.Context(), sn, pid, n, true)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := UnpackSyscalls{Contender: c.Name, Layers: n, Calls: calls}
+	// containerd's overlay code: two bbolt transactions per layer, two
+	// fdatasyncs each; three directories per snapshot (the snapshot's, fs
+	// and work) and one rename from its temporary name. Exactly: the
+	// earlier child's mkdir would make it 3.12.
+	if got := tr.perLayer(harness.SyncSyscalls); got != 4 {
+		t.Errorf("%.2f fsyncs per layer, want 4: %v", got, calls)
+	}
+	if got := tr.perLayer(mkdirCalls); got != 3 {
+		t.Errorf("%.2f mkdirs per layer, want 3: %v", got, calls)
+	}
+	if got := tr.perLayer(renameCalls); got != 1 {
+		t.Errorf("%.2f renames per layer, want 1: %v", got, calls)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s left behind: %v", dir, err)
+	}
+}
+
+// TestUnpackInProcessReport: the in-process rows get their label and
+// ratio in the report, and the README's table gains their columns only
+// when the results have them.
+func TestUnpackInProcessReport(t *testing.T) {
+	cfg := Full()
+	cfg.UnpackLayers = []int{400}
+	res := &Results{Config: cfg, Machine: Machine{TempFS: "ext4"}}
+	for rep := range cfg.PullReps {
+		o := 1.0 + float64(rep%5)*0.02
+		res.Unpacks = append(res.Unpacks,
+			UnpackRow{Contender: OverlayProxyName, Rep: rep, Layers: 400, Seconds: o},
+			UnpackRow{Contender: Grouped, Rep: rep, Layers: 400, Seconds: o * 0.9})
+	}
+	var readme strings.Builder
+	readmeUnpacks(&readme, res)
+	if strings.Contains(readme.String(), "in process") {
+		t.Errorf("README table without in-process rows mentions them:\n%s", readme.String())
+	}
+	for rep := range cfg.PullReps {
+		o := 1.0 + float64(rep%5)*0.02
+		res.Unpacks = append(res.Unpacks, UnpackRow{Contender: OverlayfsName, Rep: rep, Layers: 400, Seconds: o * 0.6})
+	}
+	var b strings.Builder
+	writeUnpacks(&b, res)
+	if !strings.Contains(b.String(), "| this machine's (ext4) | 400 | overlayfs, in process |") || !strings.Contains(b.String(), "1.50×") {
+		t.Errorf("report:\n%s", b.String())
+	}
+	readme.Reset()
+	readmeUnpacks(&readme, res)
+	if !strings.Contains(readme.String(), "| grouped view ÷ in process |") || !strings.Contains(readme.String(), "1.50×") {
+		t.Errorf("README table:\n%s", readme.String())
 	}
 }

@@ -102,6 +102,18 @@ func StartSyscallTrace(syscalls []string, pids ...int) (tr *MountTrace, err erro
 // the syscalls, by tracepoint name (e.g. "clone_flags & 0x10000000" for
 // clone): only the calls that match are counted.
 func StartFilteredTrace(filters map[string]string, syscalls []string, pids ...int) (tr *MountTrace, err error) {
+	return startTrace(filters, syscalls, pids, true)
+}
+
+// StartThreadTrace is StartSyscallTrace for pid's own threads and what they
+// clone during the trace, without the processes pid started before it: for
+// a process tracing itself, whose earlier children (containerd, daemons)
+// are not part of what it measures.
+func StartThreadTrace(syscalls []string, pid int) (*MountTrace, error) {
+	return startTrace(nil, syscalls, []int{pid}, false)
+}
+
+func startTrace(filters map[string]string, syscalls []string, pids []int, descendants bool) (tr *MountTrace, err error) {
 	for sc := range filters {
 		if !slices.Contains(syscalls, sc) {
 			return nil, fmt.Errorf("start syscall trace: filter for %q, which is not traced", sc)
@@ -137,7 +149,7 @@ func StartFilteredTrace(filters map[string]string, syscalls []string, pids ...in
 	if err := tr.write("options/event-fork", "1"); err != nil {
 		return tr, err
 	}
-	if err := tr.addPIDs(pids); err != nil {
+	if err := tr.addPIDs(pids, descendants); err != nil {
 		return tr, err
 	}
 	for _, ev := range commEvents {
@@ -174,12 +186,12 @@ func exitEnable(syscallName string) string {
 	return filepath.Join("events", "syscalls", "sys_exit_"+syscallName, "enable")
 }
 
-// addPIDs adds every thread of pids, and of the processes they started
-// before the trace (a daemon's helper process, say), to the instance's pid
-// filter. The filter matches threads, not processes, and event-fork only
+// addPIDs adds every thread of pids, and with descendants of the processes
+// they started before the trace (a daemon's helper process, say), to the
+// instance's pid filter. The filter matches threads, not processes, and event-fork only
 // follows clones made after a thread is listed, so it lists the threads
 // until no new one appears.
-func (tr *MountTrace) addPIDs(pids []int) error {
+func (tr *MountTrace) addPIDs(pids []int, descendants bool) error {
 	added := map[int]bool{}
 	for range 10 {
 		var fresh []string
@@ -197,7 +209,7 @@ func (tr *MountTrace) addPIDs(pids []int) error {
 			}
 			for _, tid := range tids {
 				task := fmt.Sprintf("/proc/%d/task/%d/", pid, tid)
-				if b, err := os.ReadFile(task + "children"); err == nil {
+				if b, err := os.ReadFile(task + "children"); err == nil && descendants {
 					for _, f := range strings.Fields(string(b)) {
 						if child, err := strconv.Atoi(f); err == nil && !seen[child] && !slices.Contains(pids, child) {
 							seen[child] = true

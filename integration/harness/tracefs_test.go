@@ -301,13 +301,11 @@ func TestAtLeastExactly(t *testing.T) {
 
 // A process the traced one started before the trace (a daemon's helper
 // process) is traced too, with its own later children.
-func TestMountTraceFollowsEarlierChildren(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("TestMountTraceFollowsEarlierChildren needs root (tracefs and mounts): run `sudo go test ./integration/...`")
-	}
+// earlierChild starts a shell that, once told, mounts and unmounts a tmpfs
+// through a busybox child, and returns what tells it and waits for it.
+func earlierChild(t *testing.T) (mountAndWait func()) {
+	t.Helper()
 	dir := t.TempDir()
-	// The shell waits for a line on stdin, then mounts and unmounts
-	// through a busybox child.
 	sh := exec.Command("/bin/busybox", "sh", "-c", `read line && /bin/busybox mount -t tmpfs tmpfs "$0" && /bin/busybox umount "$0"`, dir)
 	stdin, err := sh.StdinPipe()
 	if err != nil {
@@ -318,22 +316,67 @@ func TestMountTraceFollowsEarlierChildren(t *testing.T) {
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer sh.Process.Kill()
+	t.Cleanup(func() {
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	})
+	return func() {
+		if _, err := stdin.Write([]byte("go\n")); err != nil {
+			t.Error(err)
+		}
+		if err := sh.Wait(); err != nil {
+			t.Errorf("mount in the earlier child: %v: %s", err, out.String())
+		}
+	}
+}
+
+func TestMountTraceFollowsEarlierChildren(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestMountTraceFollowsEarlierChildren needs root (tracefs and mounts): run `sudo go test ./integration/...`")
+	}
+	mountAndWait := earlierChild(t)
 	tr, err := StartMountTrace(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		t.Error(err)
-	}
-	if err := sh.Wait(); err != nil {
-		t.Errorf("mount in the earlier child: %v: %s", err, out.String())
-	}
+	mountAndWait()
 	c, err := tr.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := c["busybox"]; got["mount"] != 1 || got["umount"] != 1 {
 		t.Errorf("busybox started by an earlier child: %v, want 1 mount and 1 umount; all: %s", got, c)
+	}
+}
+
+// StartThreadTrace counts what this process's threads do, and not what a
+// child it started before the trace does.
+func TestThreadTraceLeavesEarlierChildren(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestThreadTraceLeavesEarlierChildren needs root (tracefs and mounts): run `sudo go test ./integration/...`")
+	}
+	mountAndWait := earlierChild(t)
+	tr, err := StartThreadTrace(MountSyscalls, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountAndWait()
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, ""); err != nil {
+		t.Error(err)
+	} else if err := syscall.Unmount(dir, 0); err != nil {
+		t.Error(err)
+	}
+	c, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c["busybox"]; len(got) != 0 {
+		t.Errorf("busybox started by an earlier child: %v, want nothing counted; all: %s", got, c)
+	}
+	if got := c[comm(t)]; got["mount"] != 1 || got["umount"] != 1 {
+		t.Errorf("this process: %v, want 1 mount and 1 umount; all: %s", got, c)
 	}
 }

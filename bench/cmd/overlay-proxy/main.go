@@ -23,11 +23,10 @@ import (
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
-	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
-	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"github.com/containerd/log"
 	"google.golang.org/grpc"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/bench/containerdoverlay"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/sysmon"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
@@ -59,11 +58,7 @@ func run() error {
 		return err
 	}
 
-	opts := []overlay.Opt{overlay.AsynchronousRemove}
-	if ok, err := overlayutils.SupportsIDMappedMounts(); err == nil && ok {
-		opts = append(opts, overlay.WithRemapIDs)
-	}
-	sn, err := overlay.NewSnapshotter(*root, opts...)
+	sn, err := containerdoverlay.New(*root)
 	if err != nil {
 		return err
 	}
