@@ -186,19 +186,12 @@ func readmeUnpacks(b *strings.Builder, res *Results) {
 		return
 	}
 	inProc := slices.ContainsFunc(res.Unpacks, func(r UnpackRow) bool { return r.Contender == OverlayfsName })
-	b.WriteString("The snapshot side of a pull alone (scenario 3b: Prepare, one file written, Commit per layer, no containerd), median time and grouped view ÷ overlayfs behind proxy with its 95% CI")
+	also, cols, sep := "", "", ""
 	if inProc {
-		b.WriteString(", and ÷ containerd's overlay code called in process (no socket)")
+		also = ", and ÷ containerd's overlay code called in process (no socket)"
+		cols, sep = " overlayfs, in process | grouped view ÷ in process |", "---|---|"
 	}
-	b.WriteString(":\n\n| filesystem | layers | grouped view | overlayfs behind proxy | grouped view ÷ proxy control |")
-	if inProc {
-		b.WriteString(" overlayfs, in process | grouped view ÷ in process |")
-	}
-	b.WriteString("\n|---|---|---|---|---|")
-	if inProc {
-		b.WriteString("---|---|")
-	}
-	b.WriteString("\n")
+	fmt.Fprintf(b, "The snapshot side of a pull alone (scenario 3b: Prepare, one file written, Commit per layer, no containerd), median time and grouped view ÷ overlayfs behind proxy with its 95%% CI%s:\n\n| filesystem | layers | grouped view | overlayfs behind proxy | grouped view ÷ proxy control |%s\n|---|---|---|---|---|%s\n", also, cols, sep)
 	for _, fs := range res.Config.unpackFilesystems() {
 		for _, n := range res.Config.UnpackLayers {
 			g := Summarize(finite(unpackSamples(res, Grouped, fs, n)))

@@ -473,9 +473,9 @@ func checkShared(t *testing.T, env *harness.Env, cl *client.Client, ctx context.
 
 // killMidway starts an import, SIGKILLs it once grouped has committed at
 // least 50 of its layers while it fills another (or, not seen so, 150),
-// and returns how many it
-// had committed then and how many active snapshots it left (the one being
-// filled, unless the kill fell between a commit and the next prepare).
+// and returns how many it had committed then and how many active snapshots
+// it left (the one being filled, unless the kill fell between a commit and
+// the next prepare).
 func killMidway(t *testing.T, env *harness.Env, cl *client.Client, ctx context.Context) (int, int) {
 	t.Helper()
 	cmd := exec.Command(env.Snapshotter.Bin, migrateArgs(env, "import")...)

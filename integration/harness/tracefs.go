@@ -188,9 +188,9 @@ func exitEnable(syscallName string) string {
 
 // addPIDs adds every thread of pids, and with descendants of the processes
 // they started before the trace (a daemon's helper process, say), to the
-// instance's pid filter. The filter matches threads, not processes, and event-fork only
-// follows clones made after a thread is listed, so it lists the threads
-// until no new one appears.
+// instance's pid filter. The filter matches threads, not processes, and
+// event-fork only follows clones made after a thread is listed, so it lists
+// the threads until no new one appears.
 func (tr *MountTrace) addPIDs(pids []int, descendants bool) error {
 	added := map[int]bool{}
 	for range 10 {
