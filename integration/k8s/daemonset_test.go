@@ -389,8 +389,17 @@ func removeDeadSandboxes(t *testing.T, env *harness.Env) {
 	if len(ids) == 0 {
 		return
 	}
-	if _, err := env.CRI.Crictl(t.Context(), append([]string{"rmp"}, ids...)...); err != nil {
-		t.Fatalf("remove the sandboxes of pods that are gone (%v): %v", ids, err)
+	for _, id := range ids {
+		_, err := env.CRI.Crictl(t.Context(), "rmp", id)
+		if err == nil {
+			continue
+		}
+		// kubelet's garbage collection may have removed it meanwhile
+		// (seen once: NotFound); only a sandbox still there is a failure.
+		left, lerr := env.CRI.Crictl(t.Context(), "pods", "--id", id, "-q")
+		if lerr != nil || strings.TrimSpace(left) != "" {
+			t.Fatalf("remove the sandbox %s of a pod that is gone: %v (still listed: %q, %v)", id, err, strings.TrimSpace(left), lerr)
+		}
 	}
 	t.Logf("removed %d sandboxes of pods that are gone before tracing a pod start", len(ids))
 }
