@@ -22,6 +22,9 @@ const (
 // UpdateReadme replaces what lies between ReadmeBegin and ReadmeEnd in
 // readme with ReadmeTables(res).
 func UpdateReadme(readme []byte, res *Results) ([]byte, error) {
+	if res.Failed != "" {
+		return nil, fmt.Errorf("results %q are of a run that stopped early (%s): the README's tables come from a complete run", res.Config.Name, res.Failed)
+	}
 	begin := bytes.Index(readme, []byte(ReadmeBegin))
 	end := bytes.Index(readme, []byte(ReadmeEnd))
 	if begin < 0 || end < begin {

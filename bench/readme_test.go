@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,32 @@ func TestUpdateReadme(t *testing.T) {
 	}
 	if _, err := UpdateReadme([]byte("no markers"), res); err == nil {
 		t.Error("README without markers: no error")
+	}
+}
+
+// A run that stopped early is written under another name, says so at the
+// top of its report, and cannot replace the README's tables.
+func TestPartialResults(t *testing.T) {
+	res := &Results{Config: Full(), Started: time.Unix(0, 0), Machine: Machine{Cores: 2}}
+	res.Pulls = []PullRow{{Version: harness.ContainerdV2_4, Contender: Grouped, Layers: 50, Seconds: 1}}
+	res.MarkFailed(errors.New("build image bench-pull:1: context canceled"))
+	res.MarkFailed(errors.New("again"))
+	if res.Config.Name != "latest"+PartialSuffix {
+		t.Errorf("name %q after two failures, want %q", res.Config.Name, "latest"+PartialSuffix)
+	}
+	md := Markdown(res, nil, "")
+	if !strings.Contains(md, "# Benchmark results: latest-partial\n\n> **Incomplete:** this run stopped early (again).") {
+		t.Errorf("report of a failed run lacks its banner:\n%.400s", md)
+	}
+	if chartFile(res, "burst") != "latest-partial-burst.png" {
+		t.Errorf("chart %q would replace the complete run's", chartFile(res, "burst"))
+	}
+	readme := "x\n" + ReadmeBegin + "\nold\n" + ReadmeEnd + "\n"
+	if out, err := UpdateReadme([]byte(readme), res); err == nil || !strings.Contains(err.Error(), `"latest-partial" are of a run that stopped early (again)`) {
+		t.Errorf("UpdateReadme of a partial run: %q, %v", out, err)
+	}
+	complete := &Results{Config: Full(), Started: time.Unix(0, 0)}
+	if md := Markdown(complete, nil, ""); strings.Contains(md, "Incomplete") {
+		t.Errorf("a complete run's report says it is incomplete")
 	}
 }

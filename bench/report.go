@@ -16,6 +16,9 @@ func Markdown(res *Results, charts []string, notes string) string {
 	var b strings.Builder
 	cfg := res.Config
 	fmt.Fprintf(&b, "# Benchmark results: %s\n\n", cfg.Name)
+	if res.Failed != "" {
+		fmt.Fprintf(&b, "> **Incomplete:** this run stopped early (%s). Its tables hold what it measured until then; the targets it did not reach are missing or unchecked.\n\n", res.Failed)
+	}
 	if !res.Machine.Quiet() {
 		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
 			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -32,6 +33,23 @@ type Results struct {
 	API            []APIRow
 	Memory         []MemoryRow
 	Imports        []ImportRow `json:",omitempty"`
+	// Failed is the error that stopped the run early (MarkFailed); the
+	// tables hold what it measured until then.
+	Failed string `json:",omitempty"`
+}
+
+// PartialSuffix ends the results name of a run that stopped early.
+const PartialSuffix = "-partial"
+
+// MarkFailed records that the run stopped early with err and renames its
+// results NAME-partial: writing them must not replace the last complete
+// run's NAME.md, NAME.json and charts, which the README's tables and
+// NAME-notes.md describe.
+func (r *Results) MarkFailed(err error) {
+	r.Failed = err.Error()
+	if !strings.HasSuffix(r.Config.Name, PartialSuffix) {
+		r.Config.Name += PartialSuffix
+	}
 }
 
 // Run measures every scenario of cfg. Each containerd release runs in

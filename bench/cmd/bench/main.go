@@ -156,11 +156,14 @@ func run() error {
 	if res == nil {
 		return runErr
 	}
+	if runErr != nil {
+		res.MarkFailed(runErr)
+	}
 	if err := write(*out, res); err != nil {
 		return errors.Join(runErr, err)
 	}
 	if runErr != nil {
-		return fmt.Errorf("run failed after %s (partial results written): %w", res.Duration.Round(time.Second), runErr)
+		return fmt.Errorf("run failed after %s (partial results written as %s): %w", res.Duration.Round(time.Second), res.Config.Name, runErr)
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	return nil
