@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-readme install uninstall readme-tables
+.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-resume bench-readme install uninstall readme-tables
 
 all: build
 
@@ -34,10 +34,16 @@ demo: tools
 # containerd's overlayfs (in process and behind a proxy) on containerd
 # v2.4.2 and v2.0.5, and containerd's erofs on v2.4.2, interleaved. Writes
 # bench/results/<name>.{md,json,png} and prints the tables; bench takes
-# about 100 minutes on 2 cores (15 repetitions of every pull, burst and unpack chain), bench-quick
-# about 4.
+# about 100 minutes on 2 cores (15 repetitions of every pull, burst and
+# unpack chain; up to 4 hours on a slower machine), bench-quick about 4.
+# bench saves what it finished after each scenario in
+# bench/results/latest-partial.json; bench-resume runs the rest of a run
+# that stopped.
 bench: tools
 	cd bench && $(GO) run ./cmd/bench
+
+bench-resume: tools
+	cd bench && $(GO) run ./cmd/bench -resume results/latest-partial.json
 
 bench-quick: tools
 	cd bench && $(GO) run ./cmd/bench -quick -name quick

@@ -204,6 +204,9 @@ type Config struct {
 	Contenders []string `json:",omitempty"`
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
+	// Checkpoint, if set, receives the results each time a unit is done
+	// (see Resume), e.g. to save them where a resumed run finds them.
+	Checkpoint func(*Results) `json:"-"`
 }
 
 // Full is the configuration of make bench: everything issue 7 asks for.

@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
@@ -43,12 +42,12 @@ func ReadmeTables(res *Results) string {
 	var b strings.Builder
 	m := res.Machine
 	quiet := "quiet machine"
-	if !m.Quiet() {
+	if _, ok := res.Quiet(); !ok {
 		quiet = "**machine not quiet: preliminary**"
 	}
 	fmt.Fprintf(&b, "\nLatest run (%s, %s: %s, %d cores, %.1f GiB, kernel %s, %s; %s; %d repetitions, pulls %d).\n\n",
 		res.Started.UTC().Format("2006-01-02"), quiet, m.CPU, m.Cores, m.MemoryGiB, m.Kernel, m.TempFS,
-		res.Duration.Round(time.Second), res.Config.Reps, pullReps(res))
+		durationText(res), res.Config.Reps, pullReps(res))
 	readmeStarts(&b, res)
 	readmeBursts(&b, res)
 	readmePulls(&b, res)

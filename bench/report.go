@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"time"
 )
 
 // Markdown renders the results file: machine, method, one table per
@@ -19,13 +18,14 @@ func Markdown(res *Results, charts []string, notes string) string {
 	if res.Failed != "" {
 		fmt.Fprintf(&b, "> **Incomplete:** this run stopped early (%s). Its tables hold what it measured until then; the targets it did not reach are missing or unchecked.\n\n", res.Failed)
 	}
-	if !res.Machine.Quiet() {
-		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
-			100*res.Machine.BusyBefore, res.Machine.OtherContainerd)
+	if noisy, quiet := res.Quiet(); !quiet {
+		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run (or a part of it) started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
+			100*noisy.BusyBefore, noisy.OtherContainerd)
 	}
 	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
-		res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Duration.Round(time.Second), cfg.Reps, pullReps(res), cfg.burstReps())
+		res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
+	b.WriteString(partsLine(res))
 	writeMachine(&b, res.Machine)
 	writeMethod(&b, cfg)
 	writeStarts(&b, res, charts)

@@ -33,6 +33,10 @@ type Results struct {
 	API            []APIRow
 	Memory         []MemoryRow
 	Imports        []ImportRow `json:",omitempty"`
+	// Done are the units the run finished, Parts the processes that ran
+	// it (one, unless it was resumed): see Resume.
+	Done  []string `json:",omitempty"`
+	Parts []Part   `json:",omitempty"`
 	// Failed is the error that stopped the run early (MarkFailed); the
 	// tables hold what it measured until then.
 	Failed string `json:",omitempty"`
@@ -56,17 +60,38 @@ func (r *Results) MarkFailed(err error) {
 // turn, with one private containerd per contender; the API and memory
 // scenarios run once (they do not involve containerd) on daemons of their
 // own.
-func Run(ctx context.Context, cfg Config) (res *Results, err error) {
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	return Resume(ctx, cfg, nil)
+}
+
+// Resume is Run that keeps the units prev, the results of a run of the
+// same configuration on this machine that stopped early, finished, and
+// runs the others. prev may be nil.
+func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	res = &Results{Config: cfg, Started: time.Now(), Machine: describeMachine()}
+	part := Part{Started: time.Now(), Machine: describeMachine()}
+	res = &Results{Config: cfg, Started: part.Started, Machine: part.Machine}
+	if prev != nil {
+		if err := res.keepDone(prev); err != nil {
+			return nil, err
+		}
+		cfg.Logf("resuming %s: %d units done (%s)", prev.Config.Name, len(res.Done), strings.Join(res.Done, ", "))
+	}
+	res.Parts = append(res.Parts, part)
 	defer func() {
-		res.Duration = time.Since(res.Started)
-		res.Machine.LoadAfter = loadAverage()
+		p := &res.Parts[len(res.Parts)-1]
+		p.Duration = time.Since(p.Started)
+		p.Machine.LoadAfter = loadAverage()
+		res.Duration = 0
+		for _, p := range res.Parts {
+			res.Duration += p.Duration
+		}
+		res.Machine.LoadAfter = p.Machine.LoadAfter
 	}()
 
 	// The registry's own Env runs overlayfs only (no daemon to build) and
@@ -77,8 +102,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	defer func() { err = errors.Join(err, regEnv.Close()) }()
 	refs := map[int]string{}
-	if cfg.runs("starts") || cfg.runs("bursts") {
-		if refs, err = buildImages(ctx, cfg, regEnv.Registry); err != nil {
+	images := imageNeeds{}
+	for _, v := range cfg.Versions {
+		images.starts = images.starts || res.pending("starts", stageUnit(v, "starts"))
+		images.bursts = images.bursts || res.pending("bursts", stageUnit(v, "bursts"))
+	}
+	if images.starts || images.bursts {
+		if refs, err = buildImages(ctx, cfg, images, regEnv.Registry); err != nil {
 			return res, err
 		}
 	}
@@ -90,28 +120,37 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 
 	// The stages run the scenarios that compare contenders; the import
 	// scenario has an Env of its own.
-	stages := cfg.runs("starts") || cfg.runs("bursts") || cfg.runs("pulls") || cfg.runs("unpack") || cfg.runs("api") || cfg.runs("memory")
 	for vi, version := range cfg.Versions {
-		if !stages {
-			break
+		stageWork := res.pending("starts", stageUnit(version, "starts")) || res.pending("bursts", stageUnit(version, "bursts")) ||
+			res.pending("pulls", stageUnit(version, "pulls"))
+		// The scenarios without containerd use the first stage's daemon.
+		plainWork := vi == 0 && (res.pending("unpack", plainUnit("unpack")) || res.pending("api", plainUnit("api")) || res.pending("memory", plainUnit("memory")))
+		if !stageWork && !plainWork {
+			continue
 		}
 		st, err := startStage(ctx, cfg, version, regEnv.Registry, overlayProxy)
 		if err != nil {
 			return res, err
 		}
 		err = runStage(ctx, cfg, st, regEnv.Registry, refs, res)
-		if err == nil && vi == 0 && (cfg.runs("unpack") || cfg.runs("api") || cfg.runs("memory")) {
+		if err == nil && plainWork {
 			// The daemon binary the harness built for this stage.
 			bins := daemonBins{grouped: st.envs[0].Snapshotter.Bin, overlayProxy: overlayProxy}
 			dir := filepath.Join(st.envs[0].Dir, "bench")
-			if cfg.runs("unpack") {
-				res.Unpacks, res.UnpackSyscalls, err = runUnpacks(ctx, cfg, bins, dir)
+			if res.pending("unpack", plainUnit("unpack")) {
+				if res.Unpacks, res.UnpackSyscalls, err = runUnpacks(ctx, cfg, bins, dir); err == nil {
+					res.finish(plainUnit("unpack"))
+				}
 			}
-			if err == nil && cfg.runs("api") {
-				res.API, err = runAPI(ctx, cfg, bins, dir)
+			if err == nil && res.pending("api", plainUnit("api")) {
+				if res.API, err = runAPI(ctx, cfg, bins, dir); err == nil {
+					res.finish(plainUnit("api"))
+				}
 			}
-			if err == nil && cfg.runs("memory") {
-				res.Memory, err = runMemory(ctx, cfg, bins, dir)
+			if err == nil && res.pending("memory", plainUnit("memory")) {
+				if res.Memory, err = runMemory(ctx, cfg, bins, dir); err == nil {
+					res.finish(plainUnit("memory"))
+				}
 			}
 		}
 		if cerr := st.close(); err == nil {
@@ -121,24 +160,28 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			return res, fmt.Errorf("containerd %s: %w", version, err)
 		}
 	}
-	if cfg.runs("import") {
+	if res.pending("import", plainUnit("import")) {
 		res.Imports, err = runImports(ctx, cfg, regEnv.Registry)
 		if err != nil {
 			return res, fmt.Errorf("import scenario: %w", err)
 		}
+		res.finish(plainUnit("import"))
 	}
 	return res, nil
 }
 
+// imageNeeds says which scenarios still need the start images.
+type imageNeeds struct{ starts, bursts bool }
+
 // buildImages builds the start and burst images (one name, every layer
 // count) in the registry and returns their references by layer count.
-func buildImages(ctx context.Context, cfg Config, registry *harness.Registry) (map[int]string, error) {
+func buildImages(ctx context.Context, cfg Config, needs imageNeeds, registry *harness.Registry) (map[int]string, error) {
 	var counts []int
-	if cfg.runs("starts") {
+	if needs.starts {
 		counts = slices.Clone(cfg.StartLayers)
 	}
 	for _, b := range cfg.Bursts {
-		if cfg.runs("bursts") {
+		if needs.bursts {
 			counts = append(counts, b.Layers)
 		}
 	}
@@ -160,14 +203,20 @@ func buildImages(ctx context.Context, cfg Config, registry *harness.Registry) (m
 // runStage pulls the start images into every contender and runs scenarios
 // 1 to 3.
 func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Registry, refs map[int]string, res *Results) error {
-	counts := make([]int, 0, len(refs))
-	for n := range refs {
-		counts = append(counts, n)
+	starts, bursts := stageUnit(st.version, "starts"), stageUnit(st.version, "bursts")
+	var counts []int
+	if res.pending("starts", starts) || res.pending("bursts", bursts) {
+		for n := range refs {
+			counts = append(counts, n)
+		}
 	}
 	// Largest first: the smaller ones then only add their manifests.
 	slices.Sort(counts)
 	slices.Reverse(counts)
 	for _, i := range st.main() {
+		if len(counts) == 0 {
+			break
+		}
 		env := st.envs[i]
 		t0 := time.Now()
 		for _, n := range counts {
@@ -181,24 +230,29 @@ func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 		}
 		st.logf("pulled the start images into %s in %s", st.contenders[i].Name, time.Since(t0).Round(time.Millisecond))
 	}
-	if cfg.runs("starts") {
-		starts, err := runStarts(ctx, cfg, st, refs)
-		res.Starts = append(res.Starts, starts...)
+	if res.pending("starts", starts) {
+		rows, err := runStarts(ctx, cfg, st, refs)
+		res.Starts = append(res.Starts, rows...)
 		if err != nil {
 			return err
 		}
+		res.finish(starts)
 	}
-	if cfg.runs("bursts") {
-		bursts, err := runBursts(ctx, cfg, st, refs)
-		res.Bursts = append(res.Bursts, bursts...)
+	if res.pending("bursts", bursts) {
+		rows, err := runBursts(ctx, cfg, st, refs)
+		res.Bursts = append(res.Bursts, rows...)
 		if err != nil {
 			return err
 		}
+		res.finish(bursts)
 	}
-	if cfg.runs("pulls") {
-		pulls, err := runPulls(ctx, cfg, st, registry)
-		res.Pulls = append(res.Pulls, pulls...)
-		return err
+	if pulls := stageUnit(st.version, "pulls"); res.pending("pulls", pulls) {
+		rows, err := runPulls(ctx, cfg, st, registry)
+		res.Pulls = append(res.Pulls, rows...)
+		if err != nil {
+			return err
+		}
+		res.finish(pulls)
 	}
 	return nil
 }

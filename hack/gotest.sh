@@ -17,9 +17,6 @@ cd "$(dirname "$0")/.."
 
 module=github.com/grouped-snapshotter/grouped-snapshotter
 no_tests_allowed=(
-	# make bench's command line; its scenarios are package bench's, which
-	# has its own tests (TestStartSyscallsFlat, TestSummarize...).
-	"$module/bench/cmd/bench"
 	# The pause image's program, built and run as a pod sandbox by the CRI
 	# and Kubernetes tests (harness.PushPauseImage).
 	"$module/integration/cmd/pause"

@@ -34,6 +34,7 @@ func run() error {
 	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
+	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished scenarios are kept, the others run")
 	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
@@ -88,6 +89,13 @@ func run() error {
 
 	if os.Geteuid() != 0 {
 		return errors.New("the benchmarks must run as root (they run containerd and runc, mount overlays and trace syscalls)")
+	}
+	var prev *bench.Results
+	if *resume != "" {
+		var err error
+		if prev, err = resumable(*resume); err != nil {
+			return err
+		}
 	}
 	cfg := bench.Full()
 	if *quick {
@@ -146,13 +154,30 @@ func run() error {
 	if *burstReps > 0 {
 		cfg.BurstReps = *burstReps
 	}
+	if prev != nil {
+		var set []string
+		flag.Visit(func(f *flag.Flag) { set = append(set, f.Name) })
+		if cfg, err = resumeConfig(prev, *resume, set); err != nil {
+			return err
+		}
+	}
+	// Each finished unit is saved at once: a run stopped by anything,
+	// a kill or a power loss included, can be resumed from there.
+	checkpoint := filepath.Join(*out, cfg.Name+bench.PartialSuffix+".json")
+	cfg.Checkpoint = func(res *bench.Results) {
+		snapshot := *res
+		snapshot.MarkFailed(fmt.Errorf("not finished: saved after %s", res.Done[len(res.Done)-1]))
+		if err := saveJSON(checkpoint, &snapshot); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: warning: checkpoint: %v\n", err)
+		}
+	}
 	t0 := time.Now()
 	cfg.Logf = func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, runErr := bench.Run(ctx, cfg)
+	res, runErr := bench.Resume(ctx, cfg, prev)
 	if res == nil {
 		return runErr
 	}
@@ -163,7 +188,19 @@ func run() error {
 		return errors.Join(runErr, err)
 	}
 	if runErr != nil {
-		return fmt.Errorf("run failed after %s (partial results written as %s): %w", res.Duration.Round(time.Second), res.Config.Name, runErr)
+		return fmt.Errorf("run failed after %s (partial results written as %s; go run ./cmd/bench -resume %s runs the rest): %w",
+			res.Duration.Round(time.Second), res.Config.Name, checkpoint, runErr)
+	}
+	// The run is complete: its checkpoint and the report of an earlier
+	// stop are superseded.
+	partialCharts, err := filepath.Glob(strings.TrimSuffix(checkpoint, ".json") + "-*.png")
+	if err != nil {
+		return err
+	}
+	for _, f := range append([]string{checkpoint, strings.TrimSuffix(checkpoint, ".json") + ".md"}, partialCharts...) {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			return err
+		}
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	return nil
@@ -182,6 +219,56 @@ func layerCounts(flag, s string) ([]int, error) {
 	return counts, nil
 }
 
+// resumeConfig is the configuration of resuming prev, read from path,
+// given the flags set on the command line: only -resume and -out may be.
+func resumeConfig(prev *bench.Results, path string, set []string) (bench.Config, error) {
+	var extra []string
+	for _, f := range set {
+		if f != "resume" && f != "out" {
+			extra = append(extra, "-"+f)
+		}
+	}
+	if len(extra) > 0 {
+		return bench.Config{}, fmt.Errorf("-resume %s runs the configuration saved there: drop %s", path, strings.Join(extra, " "))
+	}
+	cfg := prev.Config
+	cfg.Name = strings.TrimSuffix(cfg.Name, bench.PartialSuffix)
+	return cfg, nil
+}
+
+// resumable reads the results of a run that stopped early.
+func resumable(path string) (*bench.Results, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	res := &bench.Results{}
+	if err := json.Unmarshal(data, res); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	if res.Failed == "" {
+		return nil, fmt.Errorf("%s: the results of a complete run; only a run that stopped early can be resumed", path)
+	}
+	return res, nil
+}
+
+// saveJSON writes res to path through a temporary file, so that a stop
+// while writing leaves the previous file whole.
+func saveJSON(path string, res *bench.Results) error {
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 // write saves the raw results, the Markdown report and the charts, and
 // prints the report.
 func write(dir string, res *bench.Results) error {
@@ -189,11 +276,7 @@ func write(dir string, res *bench.Results) error {
 		return err
 	}
 	base := filepath.Join(dir, res.Config.Name)
-	data, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+	if err := saveJSON(base+".json", res); err != nil {
 		return err
 	}
 	charts, err := bench.Charts(res, dir)

@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// A full run takes hours on a slow machine. It is made of units, each a
+// scenario that completes as a whole on one containerd release ("v2.4.2
+// bursts") or without containerd ("api"); a run that stops keeps the
+// units it finished (Results.Done), and Resume runs the others. Each
+// unit interleaves its contenders within itself, so its ratios do not
+// depend on what ran before it or when.
+
+// Part is one process's share of a run: a run resumed once has two.
+type Part struct {
+	Started  time.Time
+	Duration time.Duration
+	Machine  Machine
+	// Done are the units this part finished.
+	Done []string
+}
+
+// stageUnit names the unit of scenario on containerd version.
+func stageUnit(version, scenario string) string { return version + " " + scenario }
+
+// The scenarios that run without containerd (on the first release's
+// stage, with its daemon binary) and the import scenario are units of
+// their own.
+func plainUnit(scenario string) string { return scenario }
+
+// pending reports whether cfg runs scenario and the unit has not been done.
+func (r *Results) pending(scenario, unit string) bool {
+	return r.Config.runs(scenario) && !slices.Contains(r.Done, unit)
+}
+
+// finish records unit as done and hands the results so far to the
+// configuration's Checkpoint.
+func (r *Results) finish(unit string) {
+	r.Done = append(r.Done, unit)
+	if n := len(r.Parts); n > 0 {
+		r.Parts[n-1].Done = append(r.Parts[n-1].Done, unit)
+	}
+	if r.Config.Checkpoint != nil {
+		r.Config.Checkpoint(r)
+	}
+}
+
+// keepDone copies from prev, the results of a run of the same
+// configuration that stopped early, its parts and the rows of the units
+// it finished; the rows of a unit it stopped in are dropped, and that
+// unit runs again from its start.
+func (r *Results) keepDone(prev *Results) error {
+	if err := sameConfig(prev.Config, r.Config); err != nil {
+		return err
+	}
+	if len(prev.Parts) == 0 {
+		return fmt.Errorf("results %q record no parts: only the results of a run that stopped early can be resumed", prev.Config.Name)
+	}
+	if m, p := r.Machine, prev.Parts[0].Machine; m.CPU != p.CPU || m.Cores != p.Cores || m.Kernel != p.Kernel || m.TempFS != p.TempFS {
+		return fmt.Errorf("results %q were measured on %s (%d cores, kernel %s, roots on %s), this machine is %s (%d cores, kernel %s, roots on %s): a run's parts must share a machine",
+			prev.Config.Name, p.CPU, p.Cores, p.Kernel, p.TempFS, m.CPU, m.Cores, m.Kernel, m.TempFS)
+	}
+	done := func(unit string) bool { return slices.Contains(prev.Done, unit) }
+	r.Started, r.Parts, r.Done = prev.Started, slices.Clone(prev.Parts), slices.Clone(prev.Done)
+	r.Machine = prev.Parts[0].Machine
+	keep := func(version, scenario string) bool { return done(stageUnit(version, scenario)) }
+	for _, row := range prev.Starts {
+		if keep(row.Version, "starts") {
+			r.Starts = append(r.Starts, row)
+		}
+	}
+	for _, row := range prev.Bursts {
+		if keep(row.Version, "bursts") {
+			r.Bursts = append(r.Bursts, row)
+		}
+	}
+	for _, row := range prev.Pulls {
+		if keep(row.Version, "pulls") {
+			r.Pulls = append(r.Pulls, row)
+		}
+	}
+	if done(plainUnit("unpack")) {
+		r.Unpacks, r.UnpackSyscalls = prev.Unpacks, prev.UnpackSyscalls
+	}
+	if done(plainUnit("api")) {
+		r.API = prev.API
+	}
+	if done(plainUnit("memory")) {
+		r.Memory = prev.Memory
+	}
+	if done(plainUnit("import")) {
+		r.Imports = prev.Imports
+	}
+	return nil
+}
+
+// sameConfig rejects resuming prev's results under another
+// configuration: a unit's rows would not be comparable with the others'.
+func sameConfig(prev, cfg Config) error {
+	fields := func(c Config) (map[string]json.RawMessage, error) {
+		c.Name = strings.TrimSuffix(c.Name, PartialSuffix)
+		data, err := json.Marshal(c)
+		if err != nil {
+			return nil, err
+		}
+		var m map[string]json.RawMessage
+		return m, json.Unmarshal(data, &m)
+	}
+	a, err := fields(prev)
+	if err != nil {
+		return err
+	}
+	b, err := fields(cfg)
+	if err != nil {
+		return err
+	}
+	var diffs []string
+	for k := range a {
+		if !bytes.Equal(a[k], b[k]) {
+			diffs = append(diffs, fmt.Sprintf("%s %s, not %s", k, a[k], b[k]))
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s unset, not %s", k, b[k]))
+		}
+	}
+	if len(diffs) > 0 {
+		slices.Sort(diffs)
+		return fmt.Errorf("results %q were of another configuration than this run's: %s", prev.Name, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+// Quiet reports whether every part of the run started on a quiet
+// machine; if not, it returns the first part's machine that was not.
+func (r *Results) Quiet() (Machine, bool) {
+	for _, p := range r.Parts {
+		if !p.Machine.Quiet() {
+			return p.Machine, false
+		}
+	}
+	return r.Machine, r.Machine.Quiet()
+}
+
+// durationText is the run's duration, with its number of parts if more
+// than one.
+func durationText(r *Results) string {
+	if len(r.Parts) > 1 {
+		return fmt.Sprintf("%s in %d parts", r.Duration.Round(time.Second), len(r.Parts))
+	}
+	return r.Duration.Round(time.Second).String()
+}
+
+// partsLine describes a run of several parts for the report, or is empty.
+func partsLine(r *Results) string {
+	if len(r.Parts) < 2 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run in %d parts, each resuming where the one before stopped (a unit that was stopped ran again from its start):", len(r.Parts))
+	for i, p := range r.Parts {
+		done := "nothing finished"
+		if len(p.Done) > 0 {
+			done = strings.Join(p.Done, ", ")
+		}
+		fmt.Fprintf(&b, "\n%d. %s, %s, load average %s / %s, CPU busy before %.0f%%: %s", i+1,
+			p.Started.UTC().Format("2006-01-02 15:04 MST"), p.Duration.Round(time.Second), p.Machine.LoadBefore, p.Machine.LoadAfter, 100*p.Machine.BusyBefore, done)
+	}
+	return b.String() + "\n\n"
+}
