@@ -44,10 +44,13 @@ type BurstRow struct {
 // runBursts is scenario 2 on one stage: for every shape, BurstReps timed
 // bursts per contender, interleaved, then one observed burst per contender
 // (only that one for an ObservedOnly shape).
-func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) ([]BurstRow, error) {
-	var rows []BurstRow
+func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string, res *Results) error {
 	reps := cfg.burstReps()
 	for _, shape := range cfg.Bursts {
+		unit := burstUnit(st.version, shape)
+		if !res.pending("bursts", unit) {
+			continue
+		}
 		for rep := range reps + 1 {
 			observed := rep == reps
 			if shape.ObservedOnly && !observed {
@@ -55,21 +58,22 @@ func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string) 
 			}
 			for _, i := range rotated(rep, st.main()) {
 				if why := st.noImage[i][shape.Layers]; why != "" {
-					rows = append(rows, BurstRow{Version: st.version, Contender: st.contenders[i].Name, Shape: shape, Rep: rep, Observed: observed, Err: why})
+					res.Bursts = append(res.Bursts, BurstRow{Version: st.version, Contender: st.contenders[i].Name, Shape: shape, Rep: rep, Observed: observed, Err: why})
 					continue
 				}
 				row, err := burst(ctx, st.envs[i], refs[shape.Layers], shape, observed, st.logf)
 				if err != nil {
-					return rows, fmt.Errorf("burst %s with %s on %s: %w", shape, st.contenders[i].Name, st.version, err)
+					return fmt.Errorf("burst %s with %s on %s: %w", shape, st.contenders[i].Name, st.version, err)
 				}
 				row.Version, row.Contender, row.Rep = st.version, st.contenders[i].Name, rep
-				rows = append(rows, row)
+				res.Bursts = append(res.Bursts, row)
 				st.logf("burst %s %s %s rep %d observed=%v: %.2fs peak mountinfo +%d, userns forks %d, mount syscalls %d %s",
 					st.version, shape, row.Contender, rep, observed, row.Seconds, row.PeakMountinfo, row.UsernsForks, row.MountSyscalls, row.Err)
 			}
 		}
+		res.finish(unit)
 	}
-	return rows, nil
+	return nil
 }
 
 // burst starts shape's containers at once on env, waits for all, then

@@ -47,21 +47,24 @@ const pullGiveUp = 2
 // contender (parallel-unpack variants included), interleaved. Before each
 // pull the image and its snapshots are removed and containerd's garbage
 // collection has finished.
-func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Registry) ([]PullRow, error) {
-	var rows []PullRow
+func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Registry, res *Results) error {
 	all := make([]int, len(st.envs))
 	for i := range all {
 		all[i] = i
 	}
 	for _, n := range cfg.PullLayers {
+		unit := pullUnit(st.version, n)
+		if !res.pending("pulls", unit) {
+			continue
+		}
 		ref, err := registry.Image(ctx, harness.ImageSpec{Name: pullImage, Layers: n})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		base := make([]settled, len(st.envs))
 		for i, env := range st.envs {
 			if base[i], err = settledState(env); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		failures, successes := make([]int, len(st.envs)), make([]int, len(st.envs))
@@ -80,14 +83,14 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				env, c := st.envs[i], st.contenders[i]
 				cpu0, err := pullCPU(env)
 				if err != nil {
-					return rows, err
+					return err
 				}
 				t0 := time.Now()
 				perr := env.Pull(ctx, ref)
 				took := time.Since(t0)
 				cpu1, err := pullCPU(env)
 				if err != nil {
-					return rows, err
+					return err
 				}
 				spent[i] += took
 				row := PullRow{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, Parallel: c.ParallelUnpack, Seconds: took.Seconds(),
@@ -100,18 +103,19 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 						st.logf("pull %s %d layers %s: failed %d times, skipping its other repetitions", st.version, n, c.Name, pullGiveUp)
 					}
 				}
-				rows = append(rows, row)
+				res.Pulls = append(res.Pulls, row)
 				st.logf("pull %s %d layers %s rep %d: %.2fs %s", st.version, n, row.Contender, rep, row.Seconds, row.Err)
 				if err := env.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
-					return rows, fmt.Errorf("remove %s from %s: %w", ref, c.Name, err)
+					return fmt.Errorf("remove %s from %s: %w", ref, c.Name, err)
 				}
 				if err := waitSettled(ctx, env, base[i], st.logf); err != nil {
-					return rows, err
+					return err
 				}
 			}
 		}
+		res.finish(unit)
 	}
-	return rows, nil
+	return nil
 }
 
 // pullCPU returns the CPU seconds the snapshotter daemon (0 without one)

@@ -9,12 +9,14 @@ import (
 	"time"
 )
 
-// A full run takes hours on a slow machine. It is made of units, each a
-// scenario that completes as a whole on one containerd release ("v2.4.2
-// bursts") or without containerd ("api"); a run that stops keeps the
-// units it finished (Results.Done), and Resume runs the others. Each
-// unit interleaves its contenders within itself, so its ratios do not
-// depend on what ran before it or when.
+// A full run takes hours on a slow machine. It is made of units that
+// complete as a whole: a scenario on one containerd release ("v2.4.2
+// starts"), one burst shape's or one image size's repetitions on one
+// release ("v2.4.2 bursts 30 mappings × 1, 50 layers", "v2.4.2 pulls 400
+// layers"), or a scenario without containerd ("api"). A run that stops
+// keeps the units it finished (Results.Done), and Resume runs the others.
+// Each unit interleaves its contenders within itself, so its ratios do
+// not depend on what ran before it or when.
 
 // Part is one process's share of a run: a run resumed once has two.
 type Part struct {
@@ -27,6 +29,27 @@ type Part struct {
 
 // stageUnit names the unit of scenario on containerd version.
 func stageUnit(version, scenario string) string { return version + " " + scenario }
+
+// burstUnit and pullUnit name the units of scenarios 2 and 3, which are
+// a burst shape's and an image size's repetitions: those of a release
+// take an hour or more.
+func burstUnit(version string, shape BurstShape) string {
+	return stageUnit(version, "bursts "+shape.String())
+}
+
+func pullUnit(version string, layers int) string {
+	return stageUnit(version, fmt.Sprintf("pulls %d layers", layers))
+}
+
+// burstsPending and pullsPending report whether a unit of scenario 2 or
+// 3 on version remains.
+func (r *Results) burstsPending(version string) bool {
+	return slices.ContainsFunc(r.Config.Bursts, func(b BurstShape) bool { return r.pending("bursts", burstUnit(version, b)) })
+}
+
+func (r *Results) pullsPending(version string) bool {
+	return slices.ContainsFunc(r.Config.PullLayers, func(n int) bool { return r.pending("pulls", pullUnit(version, n)) })
+}
 
 // The scenarios that run without containerd (on the first release's
 // stage, with its daemon binary) and the import scenario are units of
@@ -68,19 +91,18 @@ func (r *Results) keepDone(prev *Results) error {
 	done := func(unit string) bool { return slices.Contains(prev.Done, unit) }
 	r.Started, r.Parts, r.Done = prev.Started, slices.Clone(prev.Parts), slices.Clone(prev.Done)
 	r.Machine = prev.Parts[0].Machine
-	keep := func(version, scenario string) bool { return done(stageUnit(version, scenario)) }
 	for _, row := range prev.Starts {
-		if keep(row.Version, "starts") {
+		if done(stageUnit(row.Version, "starts")) {
 			r.Starts = append(r.Starts, row)
 		}
 	}
 	for _, row := range prev.Bursts {
-		if keep(row.Version, "bursts") {
+		if done(burstUnit(row.Version, row.Shape)) {
 			r.Bursts = append(r.Bursts, row)
 		}
 	}
 	for _, row := range prev.Pulls {
-		if keep(row.Version, "pulls") {
+		if done(pullUnit(row.Version, row.Layers)) {
 			r.Pulls = append(r.Pulls, row)
 		}
 	}

@@ -105,7 +105,7 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	images := imageNeeds{}
 	for _, v := range cfg.Versions {
 		images.starts = images.starts || res.pending("starts", stageUnit(v, "starts"))
-		images.bursts = images.bursts || res.pending("bursts", stageUnit(v, "bursts"))
+		images.bursts = images.bursts || res.burstsPending(v)
 	}
 	if images.starts || images.bursts {
 		if refs, err = buildImages(ctx, cfg, images, regEnv.Registry); err != nil {
@@ -121,8 +121,7 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	// The stages run the scenarios that compare contenders; the import
 	// scenario has an Env of its own.
 	for vi, version := range cfg.Versions {
-		stageWork := res.pending("starts", stageUnit(version, "starts")) || res.pending("bursts", stageUnit(version, "bursts")) ||
-			res.pending("pulls", stageUnit(version, "pulls"))
+		stageWork := res.pending("starts", stageUnit(version, "starts")) || res.burstsPending(version) || res.pullsPending(version)
 		// The scenarios without containerd use the first stage's daemon.
 		plainWork := vi == 0 && (res.pending("unpack", plainUnit("unpack")) || res.pending("api", plainUnit("api")) || res.pending("memory", plainUnit("memory")))
 		if !stageWork && !plainWork {
@@ -203,9 +202,9 @@ func buildImages(ctx context.Context, cfg Config, needs imageNeeds, registry *ha
 // runStage pulls the start images into every contender and runs scenarios
 // 1 to 3.
 func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Registry, refs map[int]string, res *Results) error {
-	starts, bursts := stageUnit(st.version, "starts"), stageUnit(st.version, "bursts")
+	starts := stageUnit(st.version, "starts")
 	var counts []int
-	if res.pending("starts", starts) || res.pending("bursts", bursts) {
+	if res.pending("starts", starts) || res.burstsPending(st.version) {
 		for n := range refs {
 			counts = append(counts, n)
 		}
@@ -238,21 +237,13 @@ func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 		}
 		res.finish(starts)
 	}
-	if res.pending("bursts", bursts) {
-		rows, err := runBursts(ctx, cfg, st, refs)
-		res.Bursts = append(res.Bursts, rows...)
-		if err != nil {
+	if res.Config.runs("bursts") {
+		if err := runBursts(ctx, cfg, st, refs, res); err != nil {
 			return err
 		}
-		res.finish(bursts)
 	}
-	if pulls := stageUnit(st.version, "pulls"); res.pending("pulls", pulls) {
-		rows, err := runPulls(ctx, cfg, st, registry)
-		res.Pulls = append(res.Pulls, rows...)
-		if err != nil {
-			return err
-		}
-		res.finish(pulls)
+	if res.Config.runs("pulls") {
+		return runPulls(ctx, cfg, st, registry, res)
 	}
 	return nil
 }
