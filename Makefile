@@ -36,10 +36,9 @@ demo: tools
 # bench/results/<name>.{md,json,png} and prints the tables; bench takes
 # about 100 minutes on 2 cores (15 repetitions of every pull, burst and
 # unpack chain; up to 4 hours on a slower machine), bench-quick about 4.
-# bench saves what it finished after each unit (a scenario, a burst shape,
-# an image size) in
-# bench/results/latest-partial.json; bench-resume runs the rest of a run
-# that stopped.
+# bench saves what it finished after each unit (a scenario, a burst
+# shape, an image size) in bench/results/latest-partial.json;
+# bench-resume runs the rest of a run that stopped.
 bench: tools
 	cd bench && $(GO) run ./cmd/bench
 
