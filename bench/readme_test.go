@@ -84,8 +84,10 @@ func TestPartialResults(t *testing.T) {
 	if res.Config.Name != "latest"+PartialSuffix {
 		t.Errorf("name %q after two failures, want %q", res.Config.Name, "latest"+PartialSuffix)
 	}
+	res.Done = []string{"v2.4.2 starts", "api"}
 	md := Markdown(res, nil, "")
-	if !strings.Contains(md, "# Benchmark results: latest-partial\n\n> **Incomplete:** this run stopped early (again).") {
+	if !strings.Contains(md, "# Benchmark results: latest-partial\n\n> **Incomplete:** this run stopped early (again).") ||
+		!strings.Contains(md, "Units finished: v2.4.2 starts, api; `make bench-resume` runs the others.") {
 		t.Errorf("report of a failed run lacks its banner:\n%.400s", md)
 	}
 	if chartFile(res, "burst") != "latest-partial-burst.png" {

@@ -16,7 +16,11 @@ func Markdown(res *Results, charts []string, notes string) string {
 	cfg := res.Config
 	fmt.Fprintf(&b, "# Benchmark results: %s\n\n", cfg.Name)
 	if res.Failed != "" {
-		fmt.Fprintf(&b, "> **Incomplete:** this run stopped early (%s). Its tables hold what it measured until then; the targets it did not reach are missing or unchecked.\n\n", res.Failed)
+		finished := "none"
+		if len(res.Done) > 0 {
+			finished = strings.Join(res.Done, ", ")
+		}
+		fmt.Fprintf(&b, "> **Incomplete:** this run stopped early (%s). Its tables hold what it measured until then; the targets it did not reach are missing or unchecked. Units finished: %s; `make bench-resume` runs the others.\n\n", res.Failed, finished)
 	}
 	if noisy, quiet := res.Quiet(); !quiet {
 		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run (or a part of it) started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
