@@ -68,8 +68,22 @@ func (r *Results) finish(unit string) {
 	if n := len(r.Parts); n > 0 {
 		r.Parts[n-1].Done = append(r.Parts[n-1].Done, unit)
 	}
+	r.account()
 	if r.Config.Checkpoint != nil {
 		r.Config.Checkpoint(r)
+	}
+}
+
+// account brings the current part's duration and the run's up to now.
+func (r *Results) account() {
+	if len(r.Parts) == 0 {
+		return
+	}
+	p := &r.Parts[len(r.Parts)-1]
+	p.Duration = time.Since(p.Started)
+	r.Duration = 0
+	for _, p := range r.Parts {
+		r.Duration += p.Duration
 	}
 }
 

@@ -147,8 +147,10 @@ func TestResume(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var saved [][]string
+	var savedDuration time.Duration
 	cfg.Checkpoint = func(res *Results) {
 		saved = append(saved, slices.Clone(res.Done))
+		savedDuration = res.Duration
 		cancel()
 	}
 	first, err := Run(ctx, cfg)
@@ -157,6 +159,9 @@ func TestResume(t *testing.T) {
 	}
 	if !slices.Equal(first.Done, []string{pullUnit(v, 1)}) || len(saved) != 1 || len(first.Parts) != 1 {
 		t.Fatalf("stopped run: done %q, checkpoints %q, %d parts", first.Done, saved, len(first.Parts))
+	}
+	if savedDuration <= 0 || savedDuration > first.Duration {
+		t.Errorf("the checkpoint's duration %s, the stopped run's %s: want the time until the checkpoint", savedDuration, first.Duration)
 	}
 	onePulls := slices.Clone(first.Pulls)
 	if len(onePulls) != 2*cfg.PullReps {

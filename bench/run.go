@@ -84,14 +84,9 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	}
 	res.Parts = append(res.Parts, part)
 	defer func() {
-		p := &res.Parts[len(res.Parts)-1]
-		p.Duration = time.Since(p.Started)
-		p.Machine.LoadAfter = loadAverage()
-		res.Duration = 0
-		for _, p := range res.Parts {
-			res.Duration += p.Duration
-		}
-		res.Machine.LoadAfter = p.Machine.LoadAfter
+		res.account()
+		res.Machine.LoadAfter = loadAverage()
+		res.Parts[len(res.Parts)-1].Machine.LoadAfter = res.Machine.LoadAfter
 	}()
 
 	// The registry's own Env runs overlayfs only (no daemon to build) and
