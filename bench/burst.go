@@ -71,7 +71,9 @@ func runBursts(ctx context.Context, cfg Config, st *stage, refs map[int]string, 
 					st.version, shape, row.Contender, rep, observed, row.Seconds, row.PeakMountinfo, row.UsernsForks, row.MountSyscalls, row.Err)
 			}
 		}
-		res.finish(unit)
+		if err := res.finish(ctx, unit); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -88,6 +88,10 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				t0 := time.Now()
 				perr := env.Pull(ctx, ref)
 				took := time.Since(t0)
+				if perr != nil && ctx.Err() != nil {
+					// Stopped with the run, not the contender's failure.
+					return ctx.Err()
+				}
 				cpu1, err := pullCPU(env)
 				if err != nil {
 					return err
@@ -113,7 +117,9 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				}
 			}
 		}
-		res.finish(unit)
+		if err := res.finish(ctx, unit); err != nil {
+			return err
+		}
 	}
 	return nil
 }

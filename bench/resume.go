@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -62,8 +63,12 @@ func (r *Results) pending(scenario, unit string) bool {
 }
 
 // finish records unit as done and hands the results so far to the
-// configuration's Checkpoint.
-func (r *Results) finish(unit string) {
+// configuration's Checkpoint. A unit that ran while the run was being
+// stopped is not done: its failures may be the stop's.
+func (r *Results) finish(ctx context.Context, unit string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	r.Done = append(r.Done, unit)
 	if n := len(r.Parts); n > 0 {
 		r.Parts[n-1].Done = append(r.Parts[n-1].Done, unit)
@@ -72,6 +77,7 @@ func (r *Results) finish(unit string) {
 	if r.Config.Checkpoint != nil {
 		r.Config.Checkpoint(r)
 	}
+	return nil
 }
 
 // account brings the current part's duration and the run's up to now.

@@ -194,3 +194,23 @@ func TestResume(t *testing.T) {
 		t.Errorf("parts %+v, duration %s, started %v (first %v)", res.Parts, res.Duration, res.Started, first.Started)
 	}
 }
+
+// A unit that ran while the run was being stopped is not done: its
+// pulls and starts failed because of the stop, not the contenders.
+func TestFinishWhileStopping(t *testing.T) {
+	cfg := Full()
+	checkpoints := 0
+	cfg.Checkpoint = func(*Results) { checkpoints++ }
+	res := &Results{Config: cfg, Parts: []Part{{Started: time.Now()}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	if err := res.finish(ctx, plainUnit("api")); err != nil || checkpoints != 1 {
+		t.Fatalf("finish: %v, %d checkpoints", err, checkpoints)
+	}
+	cancel()
+	if err := res.finish(ctx, plainUnit("memory")); !errors.Is(err, context.Canceled) {
+		t.Errorf("finish while stopping: %v, want context canceled", err)
+	}
+	if !slices.Equal(res.Done, []string{"api"}) || !slices.Equal(res.Parts[0].Done, []string{"api"}) || checkpoints != 1 {
+		t.Errorf("done %q (part %q) after %d checkpoints: want the unit under the stop left undone, unsaved", res.Done, res.Parts[0].Done, checkpoints)
+	}
+}

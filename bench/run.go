@@ -133,17 +133,17 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 			dir := filepath.Join(st.envs[0].Dir, "bench")
 			if res.pending("unpack", plainUnit("unpack")) {
 				if res.Unpacks, res.UnpackSyscalls, err = runUnpacks(ctx, cfg, bins, dir); err == nil {
-					res.finish(plainUnit("unpack"))
+					err = res.finish(ctx, plainUnit("unpack"))
 				}
 			}
 			if err == nil && res.pending("api", plainUnit("api")) {
 				if res.API, err = runAPI(ctx, cfg, bins, dir); err == nil {
-					res.finish(plainUnit("api"))
+					err = res.finish(ctx, plainUnit("api"))
 				}
 			}
 			if err == nil && res.pending("memory", plainUnit("memory")) {
 				if res.Memory, err = runMemory(ctx, cfg, bins, dir); err == nil {
-					res.finish(plainUnit("memory"))
+					err = res.finish(ctx, plainUnit("memory"))
 				}
 			}
 		}
@@ -159,7 +159,9 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 		if err != nil {
 			return res, fmt.Errorf("import scenario: %w", err)
 		}
-		res.finish(plainUnit("import"))
+		if err := res.finish(ctx, plainUnit("import")); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
@@ -218,6 +220,10 @@ func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 			// has failures in the cells that need it: a result, not an
 			// error of the benchmark.
 			if err := env.Pull(ctx, refs[n]); err != nil {
+				// A pull stopped with the run is not a contender's failure.
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 				st.noImage[i][n] = "pull failed: " + shortError(err)
 				st.logf("%s cannot pull %s: %v", st.contenders[i].Name, refs[n], err)
 			}
@@ -230,7 +236,9 @@ func runStage(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 		if err != nil {
 			return err
 		}
-		res.finish(starts)
+		if err := res.finish(ctx, starts); err != nil {
+			return err
+		}
 	}
 	if res.Config.runs("bursts") {
 		if err := runBursts(ctx, cfg, st, refs, res); err != nil {
