@@ -52,12 +52,9 @@ func (r *Results) pullsPending(version string) bool {
 	return slices.ContainsFunc(r.Config.PullLayers, func(n int) bool { return r.pending("pulls", pullUnit(version, n)) })
 }
 
-// The scenarios that run without containerd (on the first release's
-// stage, with its daemon binary) and the import scenario are units of
-// their own.
-func plainUnit(scenario string) string { return scenario }
-
-// pending reports whether cfg runs scenario and the unit has not been done.
+// pending reports whether cfg runs scenario and the unit has not been
+// done. The scenarios without containerd (unpack, api, memory) and the
+// import scenario are units of their own, named as the scenario.
 func (r *Results) pending(scenario, unit string) bool {
 	return r.Config.runs(scenario) && !slices.Contains(r.Done, unit)
 }
@@ -126,16 +123,16 @@ func (r *Results) keepDone(prev *Results) error {
 			r.Pulls = append(r.Pulls, row)
 		}
 	}
-	if done(plainUnit("unpack")) {
+	if done("unpack") {
 		r.Unpacks, r.UnpackSyscalls = prev.Unpacks, prev.UnpackSyscalls
 	}
-	if done(plainUnit("api")) {
+	if done("api") {
 		r.API = prev.API
 	}
-	if done(plainUnit("memory")) {
+	if done("memory") {
 		r.Memory = prev.Memory
 	}
-	if done(plainUnit("import")) {
+	if done("import") {
 		r.Imports = prev.Imports
 	}
 	return nil

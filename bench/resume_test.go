@@ -20,7 +20,7 @@ func stoppedRun() *Results {
 	v4, v0 := harness.ContainerdV2_4, harness.ContainerdV2_0
 	m := Machine{CPU: "cpu", Cores: 2, Kernel: "6.18", TempFS: "ext4"}
 	res := &Results{Config: Full(), Started: time.Unix(100, 0), Machine: m,
-		Done:  []string{stageUnit(v4, "starts"), burstUnit(v4, Full().Bursts[0]), pullUnit(v4, 50), plainUnit("api"), stageUnit(v0, "starts")},
+		Done:  []string{stageUnit(v4, "starts"), burstUnit(v4, Full().Bursts[0]), pullUnit(v4, 50), "api", stageUnit(v0, "starts")},
 		Parts: []Part{{Started: time.Unix(100, 0), Duration: time.Hour, Machine: m}}}
 	res.Starts = []StartRow{{Version: v4, Contender: Grouped}, {Version: v0, Contender: Grouped}}
 	// v2.4.2's first burst shape and 50-layer pulls are done, the second
@@ -62,8 +62,8 @@ func TestResumeKeepsFinishedUnits(t *testing.T) {
 	}
 	for unit, want := range map[[2]string]bool{
 		{"bursts", burstUnit(v0, shapes[0])}: true, {"bursts", burstUnit(v4, shapes[1])}: true, {"pulls", pullUnit(v4, 400)}: true,
-		{"unpack", plainUnit("unpack")}:      true,
-		{"bursts", burstUnit(v4, shapes[0])}: false, {"pulls", pullUnit(v4, 50)}: false, {"api", plainUnit("api")}: false,
+		{"unpack", "unpack"}:                 true,
+		{"bursts", burstUnit(v4, shapes[0])}: false, {"pulls", pullUnit(v4, 50)}: false, {"api", "api"}: false,
 		{"starts", stageUnit(v0, "starts")}: false,
 	} {
 		if got := res.pending(unit[0], unit[1]); got != want {
@@ -203,11 +203,11 @@ func TestFinishWhileStopping(t *testing.T) {
 	cfg.Checkpoint = func(*Results) { checkpoints++ }
 	res := &Results{Config: cfg, Parts: []Part{{Started: time.Now()}}}
 	ctx, cancel := context.WithCancel(t.Context())
-	if err := res.finish(ctx, plainUnit("api")); err != nil || checkpoints != 1 {
+	if err := res.finish(ctx, "api"); err != nil || checkpoints != 1 {
 		t.Fatalf("finish: %v, %d checkpoints", err, checkpoints)
 	}
 	cancel()
-	if err := res.finish(ctx, plainUnit("memory")); !errors.Is(err, context.Canceled) {
+	if err := res.finish(ctx, "memory"); !errors.Is(err, context.Canceled) {
 		t.Errorf("finish while stopping: %v, want context canceled", err)
 	}
 	if !slices.Equal(res.Done, []string{"api"}) || !slices.Equal(res.Parts[0].Done, []string{"api"}) || checkpoints != 1 {

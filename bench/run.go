@@ -118,7 +118,7 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	for vi, version := range cfg.Versions {
 		stageWork := res.pending("starts", stageUnit(version, "starts")) || res.burstsPending(version) || res.pullsPending(version)
 		// The scenarios without containerd use the first stage's daemon.
-		plainWork := vi == 0 && (res.pending("unpack", plainUnit("unpack")) || res.pending("api", plainUnit("api")) || res.pending("memory", plainUnit("memory")))
+		plainWork := vi == 0 && (res.pending("unpack", "unpack") || res.pending("api", "api") || res.pending("memory", "memory"))
 		if !stageWork && !plainWork {
 			continue
 		}
@@ -131,19 +131,19 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 			// The daemon binary the harness built for this stage.
 			bins := daemonBins{grouped: st.envs[0].Snapshotter.Bin, overlayProxy: overlayProxy}
 			dir := filepath.Join(st.envs[0].Dir, "bench")
-			if res.pending("unpack", plainUnit("unpack")) {
+			if res.pending("unpack", "unpack") {
 				if res.Unpacks, res.UnpackSyscalls, err = runUnpacks(ctx, cfg, bins, dir); err == nil {
-					err = res.finish(ctx, plainUnit("unpack"))
+					err = res.finish(ctx, "unpack")
 				}
 			}
-			if err == nil && res.pending("api", plainUnit("api")) {
+			if err == nil && res.pending("api", "api") {
 				if res.API, err = runAPI(ctx, cfg, bins, dir); err == nil {
-					err = res.finish(ctx, plainUnit("api"))
+					err = res.finish(ctx, "api")
 				}
 			}
-			if err == nil && res.pending("memory", plainUnit("memory")) {
+			if err == nil && res.pending("memory", "memory") {
 				if res.Memory, err = runMemory(ctx, cfg, bins, dir); err == nil {
-					err = res.finish(ctx, plainUnit("memory"))
+					err = res.finish(ctx, "memory")
 				}
 			}
 		}
@@ -154,12 +154,12 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 			return res, fmt.Errorf("containerd %s: %w", version, err)
 		}
 	}
-	if res.pending("import", plainUnit("import")) {
+	if res.pending("import", "import") {
 		res.Imports, err = runImports(ctx, cfg, regEnv.Registry)
 		if err != nil {
 			return res, fmt.Errorf("import scenario: %w", err)
 		}
-		if err := res.finish(ctx, plainUnit("import")); err != nil {
+		if err := res.finish(ctx, "import"); err != nil {
 			return res, err
 		}
 	}

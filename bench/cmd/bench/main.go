@@ -34,7 +34,7 @@ func run() error {
 	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
-	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished scenarios are kept, the others run")
+	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished units are kept, the others run")
 	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
@@ -163,7 +163,8 @@ func run() error {
 	}
 	// Each finished unit is saved at once: a run stopped by anything,
 	// a kill or a power loss included, can be resumed from there.
-	checkpoint := filepath.Join(*out, cfg.Name+bench.PartialSuffix+".json")
+	partialBase := filepath.Join(*out, cfg.Name+bench.PartialSuffix)
+	checkpoint := partialBase + ".json"
 	cfg.Checkpoint = func(res *bench.Results) {
 		snapshot := *res
 		snapshot.MarkFailed(fmt.Errorf("not finished: saved after %s", res.Done[len(res.Done)-1]))
@@ -193,11 +194,11 @@ func run() error {
 	}
 	// The run is complete: its checkpoint and the report of an earlier
 	// stop are superseded.
-	partialCharts, err := filepath.Glob(strings.TrimSuffix(checkpoint, ".json") + "-*.png")
+	partialCharts, err := filepath.Glob(partialBase + "-*.png")
 	if err != nil {
 		return err
 	}
-	for _, f := range append([]string{checkpoint, strings.TrimSuffix(checkpoint, ".json") + ".md"}, partialCharts...) {
+	for _, f := range append([]string{checkpoint, partialBase + ".md"}, partialCharts...) {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			return err
 		}
