@@ -68,6 +68,11 @@ type Options struct {
 	// --root, --address, --log-level) will do: the benchmark runs
 	// containerd's overlay snapshotter behind a proxy this way.
 	SnapshotterBin string
+	// SnapshotterBinServesDiff says SnapshotterBin is a grouped-snapshotter
+	// build (of another commit: the benchmark's A/B) that also serves
+	// containerd's diff API: it is then configured and registered as the
+	// repository's own build is, as a diff proxy plugin too.
+	SnapshotterBinServesDiff bool
 	// CRIRuntimes are extra CRI runtime handlers (name -> snapshotter), each
 	// running runc like the default handler but with its own snapshotter:
 	// pods started on one (CRI.RunPodOn) unpack their images into it at
@@ -115,8 +120,10 @@ type Env struct {
 	imports     bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
-	// snapshotterBin is Options.SnapshotterBin.
+	// snapshotterBin is Options.SnapshotterBin, binServesDiff
+	// Options.SnapshotterBinServesDiff.
 	snapshotterBin string
+	binServesDiff  bool
 	// layerSubdir is Options.SnapshotterLayerDir.
 	layerSubdir string
 	// snapshotterRoot is Options.SnapshotterRoot.
@@ -171,6 +178,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,
 		snapshotterBin:  opts.SnapshotterBin,
+		binServesDiff:   opts.SnapshotterBinServesDiff,
 		layerSubdir:     opts.SnapshotterLayerDir,
 		snapshotterRoot: opts.SnapshotterRoot,
 	}
@@ -260,10 +268,11 @@ func containerdPaths(envDir string) *Containerd {
 }
 
 // servesDiff reports whether the Env's snapshotter daemon is this
-// repository's build, which also serves containerd's diff API (see package
-// differ) and is registered as a diff proxy plugin too.
+// repository's build (or a build of it given as SnapshotterBin with
+// SnapshotterBinServesDiff), which also serves containerd's diff API (see
+// package differ) and is registered as a diff proxy plugin too.
 func (e *Env) servesDiff() bool {
-	return e.SnapshotterName == SnapshotterGrouped && e.snapshotterBin == ""
+	return e.SnapshotterName == SnapshotterGrouped && (e.snapshotterBin == "" || e.binServesDiff)
 }
 
 func (e *Env) startContainerd(ctx context.Context) error {
