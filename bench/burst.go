@@ -171,8 +171,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 			}
 			// Each fresh mapping costs the snapshot side at least one
 			// process in a new user namespace: the shim's helper per
-			// container, grouped's shared-memory child per mapping, or the
-			// spare that grouped's spawner starts where it keeps spares.
+			// container, or grouped's per mapping.
 			if row.UsernsForks < shape.Mappings {
 				return row, fmt.Errorf("burst of %d with %d fresh mappings: the trace saw %d user-namespace forks on the snapshot side, want at least one per mapping (trace: %s)", n, shape.Mappings, row.UsernsForks, uc)
 			}

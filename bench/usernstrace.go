@@ -11,10 +11,10 @@ const cloneNewUser = 0x10000000
 
 // usernsSyscalls are the syscalls that make a user namespace, and
 // usernsFilters the tracefs filters that keep only the calls that do.
-// containerd's userns-fd helper and grouped-snapshotter's spawner both fork
-// through Go's SysProcAttr.Cloneflags, which uses clone(2) (clone3 only for
-// cgroup fds, pidfds and time namespaces), and grouped-snapshotter's
-// shared-memory child is a clone(2) of the daemon; runc's nsexec unshares.
+// containerd's userns-fd helper (core/mount.GetUsernsFD, which the shim
+// and grouped-snapshotter use) forks through Go's SysProcAttr.Cloneflags,
+// which uses clone(2) (clone3 only for cgroup fds and time namespaces);
+// runc's nsexec unshares.
 var (
 	usernsSyscalls = []string{"clone", "unshare"}
 	usernsFilters  = map[string]string{
@@ -24,12 +24,10 @@ var (
 )
 
 // startUsernsTrace counts the user namespaces that pids, the processes
-// they started before (grouped-snapshotter's spawner) and everything they
-// start meanwhile create, by command name: the forks containerd's shim
-// makes to get a user-namespace fd, grouped-snapshotter's shared-memory
-// children or spares, and
-// runc's own unshare for the container. It is a trace of its own, next to
-// the mount trace.
+// they started before and everything they start meanwhile create, by
+// command name: the forks containerd's shim or grouped-snapshotter make to
+// get a user-namespace fd, and runc's own unshare for the container. It is
+// a trace of its own, next to the mount trace.
 func startUsernsTrace(pids []int) (*harness.MountTrace, error) {
 	tr, err := harness.StartFilteredTrace(usernsFilters, usernsSyscalls, pids...)
 	if err != nil {

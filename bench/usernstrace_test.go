@@ -1,69 +1,76 @@
 package bench
 
 import (
-	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"syscall"
 	"testing"
-	"time"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
-	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
-// The bursts' user-namespace trace starts after grouped-snapshotter's
-// spawner (a child of the daemon), and the spawner forks every spare. The
-// full run of 2026-12-01 counted 0 forks for grouped view because the trace
-// listed only the daemon's own threads; this test fails that way.
-func TestUsernsTraceCountsEarlierSpawner(t *testing.T) {
+// The bursts' user-namespace trace counts the forks that make a user
+// namespace and only those: a clone with CLONE_NEWUSER (Go's
+// SysProcAttr.Cloneflags, as containerd's userns-fd helper forks) and an
+// unshare(CLONE_NEWUSER) (runc's way), by a traced process or by a child
+// it started before the trace (a daemon's helper). A fork without
+// CLONE_NEWUSER is not counted.
+func TestUsernsTraceCountsForks(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Fatal("TestUsernsTraceCountsEarlierSpawner needs root (tracefs, user namespaces): make test runs it as root")
+		t.Fatal("TestUsernsTraceCountsForks needs root (tracefs, user namespaces): make test runs it as root")
 	}
-	const spares, taken = 2, 3
-	pool := userns.NewSparePool(spares)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A child started before the trace, which makes a user namespace once
+	// told to.
+	earlier := exec.Command("/bin/sh", "-c", `read line && exec "$0" --user true`, unshare)
+	stdin, err := earlier.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := earlier.Start(); err != nil {
+		t.Fatal(err)
+	}
 	defer func() {
-		if err := pool.Close(); err != nil {
-			t.Error(err)
-		}
+		_ = earlier.Process.Kill()
+		_ = earlier.Wait()
 	}()
-	harness.Eventually(t, 10*time.Second, func() error {
-		if st := pool.Stats(); st.SparesReady < spares {
-			return fmt.Errorf("%d spares ready, want %d", st.SparesReady, spares)
-		}
-		return nil
-	})
 
 	tr, err := startUsernsTrace([]int{os.Getpid()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := pool.Stats().SparesStarted
-	for i := range taken {
-		r := []idmap.Range{{ContainerID: 0, HostID: uint32(3<<20 + i*65536), Size: 65536}}
-		f, err := pool.FD(&idmap.Mapping{UIDs: r, GIDs: r})
-		if err != nil {
+	run := func(cmd *exec.Cmd) {
+		t.Helper()
+		if out, err := cmd.CombinedOutput(); err != nil {
 			_, _ = tr.Stop()
-			t.Fatal(err)
+			t.Fatalf("%s: %v\n%s", cmd, err, out)
 		}
-		f.Close()
 	}
-	// The spawner replaces every spare taken.
-	harness.Eventually(t, 10*time.Second, func() error {
-		if st := pool.Stats(); st.SparesStarted < before+taken || st.SparesReady < spares {
-			return fmt.Errorf("spares started %d (before the trace %d, taken %d), ready %d: not yet replaced", st.SparesStarted, before, taken, st.SparesReady)
-		}
-		return nil
-	})
+	run(exec.Command("/bin/true"))
+	newUser := exec.Command("/bin/true")
+	newUser.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER}
+	run(newUser)
+	run(exec.Command(unshare, "--user", "true"))
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		_, _ = tr.Stop()
+		t.Fatal(err)
+	}
+	if err := earlier.Wait(); err != nil {
+		_, _ = tr.Stop()
+		t.Fatalf("the earlier child: %v", err)
+	}
 	c, err := tr.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := int(pool.Stats().SparesStarted - before)
 	snapshotSide, runc := usernsForks(c)
-	if snapshotSide != started || runc != 0 {
-		t.Errorf("user-namespace forks: snapshot side %d, runc %d; want %d (the spares the spawner started), 0; counts: %s", snapshotSide, runc, started, c)
+	// The clone with CLONE_NEWUSER, and the two unshares.
+	if snapshotSide != 3 || runc != 0 {
+		t.Errorf("user-namespace forks: snapshot side %d, runc %d; want 3, 0; counts: %s", snapshotSide, runc, c)
 	}
-	if got := c.Filter(func(comm string) bool { return harness.CommGroup(comm) == harness.GroupSnapshotter }).Total(); got != started {
-		t.Errorf("forks named as grouped-snapshotter's: %d, want %d; counts: %s", got, started, c)
+	if got := c.Filter(func(comm string) bool { return comm == "unshare" }).Total(); got != 2 {
+		t.Errorf("unshares counted: %d, want 2 (this process's child and the earlier child's); counts: %s", got, c)
 	}
 }

@@ -4,11 +4,8 @@
 // The benchmark registers it as a proxy plugin: the control that separates
 // the cost of being out of process from grouped-snapshotter's own work.
 // It accepts grouped-snapshotter's flags so the integration harness can
-// start it in its place (--config is ignored), and runs with grouped's
-// default GOMAXPROCS (one) and, as grouped does by default, Go's system
-// monitor polling while idle (internal/sysmon), so that the two differ in
-// snapshotter code alone, not in how their runtimes hand a call between
-// threads or wake up.
+// start it in its place (--config is ignored), and runs with Go's runtime
+// defaults, as grouped-snapshotter does by default.
 package main
 
 import (
@@ -18,7 +15,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -27,8 +23,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/bench/containerdoverlay"
-	"github.com/grouped-snapshotter/grouped-snapshotter/internal/sysmon"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
 func main() {
@@ -43,17 +37,7 @@ func run() error {
 	root := flag.String("root", "/var/lib/overlay-proxy", "snapshotter root")
 	address := flag.String("address", "/run/overlay-proxy.sock", "unix socket to serve on")
 	level := flag.String("log-level", "info", "log level")
-	procs := flag.Int("gomaxprocs", plugin.DefaultGOMAXPROCS, "GOMAXPROCS unless the environment sets it (0: Go's default), as grouped-snapshotter's gomaxprocs")
-	polling := flag.Bool("sysmon-polling", true, "keep Go's system monitor polling while idle unless GODEBUG sets schedtrace, as grouped-snapshotter's sysmon_polling")
 	flag.Parse()
-	if set, _ := sysmon.FromGODEBUG(os.Getenv("GODEBUG")); *polling && !set {
-		if err := sysmon.Reexec(); err != nil {
-			return err
-		}
-	}
-	if os.Getenv("GOMAXPROCS") == "" && *procs > 0 {
-		runtime.GOMAXPROCS(*procs)
-	}
 	if err := log.SetLevel(*level); err != nil {
 		return err
 	}
