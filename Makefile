@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-resume bench-readme install uninstall readme-tables
+.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-resume bench-readme install uninstall readme-tables update-results
 
 all: build
 
@@ -67,6 +67,25 @@ vet:
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..
 
+# Tests never write tracked files (`make test` leaves the work tree as it
+# found it, and CI checks that): the integration tests write their fresh
+# results under the ignored _output/results, each at its committed file's
+# own path (integration/results/results.go). When a person decides the new
+# figures should be committed, update-results copies them over the
+# committed files, then runs readme-tables. It copies whatever is there:
+# remove _output/results before the test run to copy only that run's.
+RESULTS_OUT := _output/results
+update-results:
+	@set -e; \
+	test -d $(RESULTS_OUT) || { echo "update-results: no $(RESULTS_OUT); run the tests that write results first (make test, test-integration or test-compat)" >&2; exit 1; }; \
+	files=$$(cd $(RESULTS_OUT) && find . -type f ! -name '.*' | sed 's|^\./||' | sort); \
+	test -n "$$files" || { echo "update-results: $(RESULTS_OUT) holds no results" >&2; exit 1; }; \
+	for f in $$files; do \
+		git ls-files --error-unmatch -- "$$f" >/dev/null 2>&1 || { echo "update-results: $(RESULTS_OUT)/$$f: $$f is not a committed file" >&2; exit 1; }; \
+	done; \
+	for f in $$files; do cp "$(RESULTS_OUT)/$$f" "$$f"; echo "update-results: $$f"; done
+	$(MAKE) readme-tables
+
 # A short run of every fuzz target; each one's corpus is committed under
 # <package>/testdata/fuzz and also runs with the plain tests.
 # A count, not a duration: a timed run can end with the fuzzer's own
@@ -92,7 +111,7 @@ test-integration: tools tools-k8s
 
 # The compatibility matrix alone (also part of `make test`): grouped on
 # every containerd 2.x minor release, v2.0.5 to v2.4.2; writes
-# integration/results/compat.json.
+# _output/results/integration/results/compat.json (make update-results).
 test-compat: tools
 	hack/gotest.sh -timeout $(TEST_TIMEOUT) ./integration/compat/
 

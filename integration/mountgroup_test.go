@@ -73,20 +73,22 @@ func TestMountgroup(t *testing.T) {
 	writeMountSyscalls(t, table)
 }
 
-// writeMountSyscalls writes the table to the committed results file, from
-// which `make readme-tables` renders the README's table; only a complete,
-// passing run does.
+// writeMountSyscalls writes the table to the fresh copy of the committed
+// results file, under the ignored _output/results (a test run changes no
+// tracked file); `make update-results` copies it over the committed file
+// and renders the README's table from it. Only a complete, passing run
+// writes it.
 func writeMountSyscalls(t *testing.T, table *syscallTable) {
 	res := table.results()
 	if t.Failed() || len(res.FirstStart) != len(mgReleases) || len(res.Rows) != 4*len(mgReleases) {
 		t.Logf("not writing %s: the run failed or did not measure every release", results.MountSyscallsFile)
 		return
 	}
-	path := filepath.Join("..", results.MountSyscallsFile)
+	path := results.OutputPath("..", results.MountSyscallsFile)
 	if err := results.Write(path, res); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("wrote %s (`make readme-tables` renders it into the README)", path)
+	t.Logf("wrote %s (`make update-results` copies it to %s and renders the README)", path, results.MountSyscallsFile)
 }
 
 // startMountgroupEnv starts a private containerd of version with

@@ -4,8 +4,10 @@
 // counted; the differential image-contents check of integration/conformance
 // on a subset of its corpus through every unpack path; a user-namespaced
 // CRI pod through crictl; restarts of the snapshotter and of containerd
-// under running containers. It writes integration/results/compat.json,
-// which `make readme-tables` renders into the README. It needs root and
+// under running containers. It writes the fresh copy of
+// integration/results/compat.json under the ignored _output/results;
+// `make update-results` copies it over the committed file and renders it
+// into the README. It needs root and
 // every release built (hack/install-tools.sh):
 //
 //	hack/gotest.sh -timeout 60m ./integration/compat/
@@ -172,9 +174,11 @@ func testUnpack(t *testing.T, env *harness.Env, res *results.CompatRelease) {
 	}
 }
 
-// writeResults writes the matrix to the committed results file, from which
-// `make readme-tables` renders the README's table; only a complete,
-// passing run does.
+// writeResults writes the matrix to the fresh copy of the committed
+// results file, under the ignored _output/results (a test run changes no
+// tracked file); `make update-results` copies it over the committed file
+// and renders the README's table from it. Only a complete, passing run
+// writes it.
 func writeResults(t *testing.T, elapsed time.Duration) {
 	matrix.Lock()
 	defer matrix.Unlock()
@@ -188,11 +192,11 @@ func writeResults(t *testing.T, elapsed time.Duration) {
 		t.Logf("not writing %s: the run failed or did not cover every release", results.CompatFile)
 		return
 	}
-	path := filepath.Join("..", "..", results.CompatFile)
+	path := results.OutputPath(filepath.Join("..", ".."), results.CompatFile)
 	if err := results.Write(path, out); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("wrote %s in %s (`make readme-tables` renders it into the README)", path, elapsed.Round(time.Second))
+	t.Logf("wrote %s in %s (`make update-results` copies it to %s and renders the README)", path, elapsed.Round(time.Second), results.CompatFile)
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

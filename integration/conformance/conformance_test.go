@@ -23,7 +23,9 @@ import (
 //
 //	hack/gotest.sh ./integration/conformance/
 //
-// The matrix goes to results/latest.md.
+// The matrix goes to _output/results/integration/conformance/results/latest.md
+// at the repository root (ignored); `make update-results` copies it over
+// the committed results/latest.md.
 
 func TestMain(m *testing.M) {
 	t0 := time.Now()

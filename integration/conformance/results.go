@@ -2,17 +2,22 @@ package conformance
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
 )
 
-// resultsFile is where the package's tests write their matrix (relative to
-// the package directory, go test's working directory).
-const resultsFile = "results/latest.md"
+// resultsPath is where the package's tests write their matrix: the fresh
+// copy of the committed results.ConformanceFile under the ignored
+// _output/results, since a test run must change no tracked file (the
+// matrix carries the run's date and duration, so it differs every run).
+// `make update-results` copies it over the committed file. Relative to the
+// package directory, go test's working directory.
+var resultsPath = results.OutputPath(filepath.Join("..", ".."), results.ConformanceFile)
 
 // result is one cell of the matrix: one image unpacked by one path and run
 // with or without a user namespace.
@@ -79,11 +84,8 @@ func writeResults(elapsed time.Duration) error {
 			fmt.Fprintf(&b, "\n## %s / %s / %s / userns=%v: %s\n\n```\n%s\n```\n", r.config, r.image, r.path, r.userns, r.outcome, r.detail)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(resultsFile), 0o755); err != nil {
-		return fmt.Errorf("create results dir: %w", err)
-	}
-	if err := os.WriteFile(resultsFile, []byte(b.String()), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", resultsFile, err)
+	if err := results.WriteBytes(resultsPath, []byte(b.String())); err != nil {
+		return fmt.Errorf("conformance matrix: %w", err)
 	}
 	return nil
 }

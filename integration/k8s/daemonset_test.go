@@ -310,9 +310,11 @@ func podResult(name, snapshotter string, layers int, counts harness.MountCounts)
 	}
 }
 
-// writePodStarts writes the traced pod starts to the committed results
-// file, from which `make readme-tables` renders the README's figures; only
-// when both the baseline and the grouped pods passed.
+// writePodStarts writes the traced pod starts to the fresh copy of the
+// committed results file, under the ignored _output/results (a test run
+// changes no tracked file); `make update-results` copies it over the
+// committed file and renders the README's figures from it. Only when both
+// the baseline and the grouped pods passed.
 func writePodStarts(t *testing.T, env *harness.Env, baseline results.PodStart, grouped []results.PodStart) {
 	if t.Failed() || baseline.Name == "" || len(grouped) == 0 {
 		t.Logf("not writing %s: the pod starts did not all pass", results.PodStartsFile)
@@ -322,11 +324,11 @@ func writePodStarts(t *testing.T, env *harness.Env, baseline results.PodStart, g
 		Kubernetes: kube.KubernetesVersion, Containerd: env.ContainerdVersion,
 		Pods: append([]results.PodStart{baseline}, grouped...),
 	}
-	path := filepath.Join("..", "..", results.PodStartsFile)
+	path := results.OutputPath(filepath.Join("..", ".."), results.PodStartsFile)
 	if err := results.Write(path, res); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("wrote %s (`make readme-tables` renders it into the README)", path)
+	t.Logf("wrote %s (`make update-results` copies it to %s and renders the README)", path, results.PodStartsFile)
 }
 
 // tracePodStart pulls image, then creates a user-namespaced pod of two

@@ -7,8 +7,9 @@ import (
 	"strings"
 )
 
-// CompatFile is the compatibility matrix integration/compat's TestCompat
-// writes, relative to the repository root.
+// CompatFile is the committed compatibility matrix, relative to the
+// repository root; integration/compat's TestCompat writes its fresh copy
+// under OutputDir.
 const CompatFile = "integration/results/compat.json"
 
 // Compat is the compatibility matrix: grouped-snapshotter (view mode) on

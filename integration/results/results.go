@@ -1,11 +1,19 @@
 // Package results holds the figures the integration tests measure and
-// commit, and renders the README's sections from them: the tests write
-// the files (integration/results/mount-syscalls.json from
-// integration.TestMountgroup, integration/k8s/results/latest.json from
-// k8s.TestDaemonSet, integration/results/compat.json from
-// compat.TestCompat), `make readme-tables` (integration/cmd/readme-tables)
-// rewrites the README between its markers, and that command's test fails
-// when the README differs from what the committed files give.
+// commit, and renders the README's sections from them.
+//
+// The tests never write the committed files: a run of `make test` must
+// leave the work tree as it found it. Each test writes its fresh results to
+// the same path under OutputDir, the ignored _output/results at the
+// repository root (integration.TestMountgroup writes
+// _output/results/integration/results/mount-syscalls.json,
+// k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json,
+// compat.TestCompat _output/results/integration/results/compat.json, the
+// conformance tests _output/results/integration/conformance/results/latest.md).
+// When a person decides to update the committed figures, `make
+// update-results` copies them over the committed files and runs `make
+// readme-tables` (integration/cmd/readme-tables), which rewrites the
+// README between its markers from the committed files; that command's
+// test fails when the README differs from what the committed files give.
 package results
 
 import (
@@ -26,7 +34,24 @@ import (
 const (
 	MountSyscallsFile = "integration/results/mount-syscalls.json"
 	PodStartsFile     = "integration/k8s/results/latest.json"
+	// ConformanceFile is the differential conformance matrix
+	// (integration/conformance); no README section is rendered from it.
+	ConformanceFile = "integration/conformance/results/latest.md"
 )
+
+// OutputDir is where tests write fresh results, relative to the repository
+// root: ignored by git (/_output/ in .gitignore), so that a test run
+// changes no tracked file. The fresh copy of the committed file F is
+// OutputDir/F; `make update-results` relies on that layout to copy each
+// one over its committed file.
+const OutputDir = "_output/results"
+
+// OutputPath returns where a test writes the fresh copy of the committed
+// results file (one of the *File constants), given the repository root as
+// the test sees it (a relative path such as "../..").
+func OutputPath(root, file string) string {
+	return filepath.Join(root, OutputDir, file)
+}
 
 // MountSyscalls are the mount-family syscalls of `ctr run --rm` starts,
 // outside runc (the shim, containerd, ctr and the snapshotter), as
@@ -86,21 +111,29 @@ type PodStart struct {
 	ByProcess map[string]map[string]int `json:"by_process"`
 }
 
-// Write writes v as indented JSON to path, through a temporary file and a
-// rename so that a reader (the README test of a concurrent `go test ./...`)
-// never sees half a file; an unchanged file is left alone.
+// Write writes v as indented JSON to path (see WriteBytes).
 func Write(path string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("encode %s: %w", path, err)
 	}
-	data = append(data, '\n')
+	return WriteBytes(path, append(data, '\n'))
+}
+
+// WriteBytes writes data to path, creating its directory (OutputDir's
+// tree does not exist in a fresh clone), through a temporary file and a
+// rename so that a reader (`make update-results` while tests run) never
+// sees half a file; an unchanged file is left alone.
+func WriteBytes(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("create the directory of %s: %w", path, err)
+	}
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return err
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	_, werr := tmp.Write(data)
 	err = errors.Join(werr, tmp.Chmod(0o644), tmp.Close())
@@ -109,8 +142,9 @@ func Write(path string, v any) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
 	}
-	return err
+	return nil
 }
 
 // Read decodes the JSON file at path into v, refusing unknown fields.

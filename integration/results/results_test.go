@@ -132,6 +132,32 @@ func TestWrite(t *testing.T) {
 	}
 }
 
+// TestOutputPath: a test's fresh results go under the root's
+// _output/results at the committed file's own path (the layout `make
+// update-results` copies from), and WriteBytes makes the directories a
+// fresh clone lacks, leaving no temporary file behind.
+func TestOutputPath(t *testing.T) {
+	root := t.TempDir()
+	path := OutputPath(root, ConformanceFile)
+	if want := filepath.Join(root, "_output", "results", "integration", "conformance", "results", "latest.md"); path != want {
+		t.Fatalf("OutputPath = %s, want %s", path, want)
+	}
+	for _, data := range []string{"# one\n", "# two\n"} {
+		if err := WriteBytes(path, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != data {
+			t.Errorf("read back %q, %v; want %q", got, err, data)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+		t.Errorf("%s holds %d entries, want only latest.md", filepath.Dir(path), len(entries))
+	}
+	if err := WriteBytes(filepath.Join(path, "under-a-file"), nil); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("WriteBytes under a regular file: %v; want an error naming it", err)
+	}
+}
+
 func TestRenderCompat(t *testing.T) {
 	flat := func(n int) []Cell {
 		return []Cell{{Layers: 1, Syscalls: n}, {Layers: 50, Syscalls: n}, {Layers: 400, Syscalls: n}}
