@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-quick bench-resume bench-readme install uninstall readme-tables update-results
+.PHONY: all build tools tools-demo tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-full bench-ab bench-quick bench-resume bench-readme install uninstall readme-tables update-results
 
 all: build
 
@@ -22,25 +22,36 @@ build:
 tools:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
 
+# Only what the demo runs: containerd v2.4.2, runc and crane.
+tools-demo:
+	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh demo
+
 # Kubernetes v1.37.2 and etcd for the cluster tests (integration/k8s);
 # about 6 minutes cold, cached per version.
 tools-k8s:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-k8s.sh
 
-demo: tools
+demo: tools-demo
 	cd integration && $(GO) run ./cmd/demo
 
-# Benchmarks (as root): grouped-snapshotter (idmap view and shim) against
-# containerd's overlayfs (in process and behind a proxy) on containerd
-# v2.4.2 and v2.0.5, and containerd's erofs on v2.4.2, interleaved. Writes
-# bench/results/<name>.{md,json,png} and prints the tables; bench takes
-# about 100 minutes on 2 cores (15 repetitions of every pull, burst and
-# unpack chain; up to 4 hours on a slower machine), bench-quick about 4.
-# bench saves what it finished after each unit (a scenario, a burst
-# shape, an image size) in bench/results/latest-partial.json;
-# bench-resume runs the rest of a run that stopped.
+# Benchmarks (as root), contenders interleaved, ratios with bootstrap 95%
+# intervals; each writes bench/results/<name>.{md,json,png}.
+# bench: the headline, within 20 minutes on 2 cores: grouped view against
+# containerd's overlayfs on v2.4.2 and v2.0.5 in bursts of 30
+# user-namespaced containers, pulls of 50 and 400 layers and the mount calls
+# of a start (bench/results/headline.*).
+# bench-full: every scenario and contender (bench/results/latest.*), about
+# 3.5 hours on 2 cores; it saves what it finished after each unit in
+# bench/results/latest-partial.json, and bench-resume runs the rest of a
+# run that stopped. bench-quick: a smoke run of every scenario, minutes.
+# bench-ab: build A (AB_REF) against build B (B_REF, default HEAD) of
+# grouped-snapshotter, each built from git in a temporary worktree, in
+# AB_PAIRS interleaved pairs of bursts and pulls (bench/results/ab-DATE.*).
 bench: tools
 	cd bench && $(GO) run ./cmd/bench
+
+bench-full: tools
+	cd bench && $(GO) run ./cmd/bench -full
 
 bench-resume: tools
 	cd bench && $(GO) run ./cmd/bench -resume results/latest-partial.json
@@ -48,22 +59,38 @@ bench-resume: tools
 bench-quick: tools
 	cd bench && $(GO) run ./cmd/bench -quick -name quick
 
-# Regenerates the README's benchmark tables (between the bench-tables
-# markers) from bench/results/latest.json; no root or tools needed.
-bench-readme:
-	cd bench && $(GO) run ./cmd/bench -render results/latest.json -readme ../README.md
+AB_REF   ?= b2d463f
+B_REF    ?= HEAD
+AB_PAIRS ?= 10
+bench-ab: tools
+	cd bench && $(GO) run ./cmd/bench -a $(AB_REF) -b $(B_REF) -pairs $(AB_PAIRS)
 
+# Regenerates the README's benchmark headline (between the bench-headline
+# markers) and docs/benchmarks.md's tables (bench-tables) from
+# bench/results/latest.json; no root or tools needed. bench's
+# TestBenchREADMECurrent fails while they are stale.
+bench-readme:
+	cd bench && for doc in ../README.md ../docs/benchmarks.md; do \
+		$(GO) run ./cmd/bench -render results/latest.json -readme $$doc || exit 1; \
+	done
+
+# Every module for the host's architecture and for arm64 (one code path on
+# both), and the daemon built for arm64 (static: no cgo anywhere).
 vet:
 	$(GO) vet ./...
 	cd integration && $(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	GOARCH=arm64 $(GO) vet ./...
+	cd integration && GOARCH=arm64 $(GO) vet ./...
+	cd bench && GOARCH=arm64 $(GO) vet ./...
+	GOARCH=arm64 CGO_ENABLED=0 $(GO) build -trimpath -o /dev/null ./cmd/grouped-snapshotter
 
-# Rewrites the README's measured figures (between its BEGIN/END markers)
-# from the results files the integration tests write and that are
-# committed: integration/results/mount-syscalls.json (integration's
-# TestMountgroup), integration/results/compat.json (integration/compat)
-# and integration/k8s/results/latest.json (integration/k8s).
-# integration/cmd/readme-tables's test fails while the README is stale.
+# Rewrites the measured figures of README.md and docs/benchmarks.md
+# (between their BEGIN/END markers) from the committed results files:
+# integration/results/mount-syscalls.json (integration's TestMountgroup),
+# integration/results/compat.json (integration/compat) and
+# integration/k8s/results/latest.json (integration/k8s).
+# integration/cmd/readme-tables's test fails while a document is stale.
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..
 

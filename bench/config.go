@@ -33,6 +33,9 @@ type Contender struct {
 	// ParallelUnpack runs containerd with max_concurrent_unpacks =
 	// Config.UnpackConcurrency: such a contender only pulls (scenario 3).
 	ParallelUnpack bool
+	// A runs Config.ABBinary, build A of an A/B comparison, as grouped view
+	// runs build B; it takes part only when that is set.
+	A bool `json:",omitempty"`
 }
 
 // Grouped is the contender whose ratios the report gives.
@@ -43,6 +46,8 @@ const (
 	OverlayfsName    = "overlayfs"
 	OverlayProxyName = "overlayfs behind proxy"
 	ErofsName        = "erofs"
+	// GroupedA is grouped view run from build A of an A/B (Config.ABBinary).
+	GroupedA = "grouped view (A)"
 )
 
 // Contenders are compared in this order (rotated per repetition) in every
@@ -56,6 +61,7 @@ var Contenders = []Contender{
 	// containerd v2.1 added the EROFS snapshotter; v2.4.2's declares
 	// remap-ids and rebase itself.
 	{Name: ErofsName, Snapshotter: harness.SnapshotterErofs, Rebase: true, MinVersion: harness.ContainerdV2_4},
+	{Name: GroupedA, Snapshotter: harness.SnapshotterGrouped, IDMap: "view", A: true},
 }
 
 // versionLess compares containerd release tags such as "v2.0.5".
@@ -75,7 +81,7 @@ func parallelName(name string) string { return name + ", parallel unpack" }
 func stageContenders(cfg Config, version string) []Contender {
 	var cs, par []Contender
 	for _, c := range Contenders {
-		if c.MinVersion != "" && versionLess(version, c.MinVersion) {
+		if c.MinVersion != "" && versionLess(version, c.MinVersion) || c.A && cfg.ABBinary == "" {
 			continue
 		}
 		if len(cfg.Contenders) > 0 && c.Name != Grouped && !slices.Contains(cfg.Contenders, c.Name) {
@@ -202,6 +208,15 @@ type Config struct {
 	// one brings its parallel-unpack variant); grouped view always runs.
 	// Empty runs all.
 	Contenders []string `json:",omitempty"`
+	// GroupedBinary, if set, is the grouped-snapshotter binary grouped view
+	// and grouped shim run (build B of an A/B), instead of one the harness
+	// builds from the working tree for every containerd.
+	GroupedBinary string `json:",omitempty"`
+	// ABBinary, if set, is build A of an A/B comparison: contender
+	// GroupedA runs it with grouped view's configuration. ARef and BRef
+	// say what A and B were built from, for the report.
+	ABBinary   string `json:",omitempty"`
+	ARef, BRef string `json:",omitempty"`
 	// Logf receives progress lines.
 	Logf func(format string, args ...any) `json:"-"`
 	// Checkpoint, if set, receives the results each time a unit is done
@@ -209,7 +224,53 @@ type Config struct {
 	Checkpoint func(*Results) `json:"-"`
 }
 
-// Full is the configuration of make bench: everything issue 7 asks for.
+// Headline is the configuration of make bench, within 20 minutes on 2
+// cores: grouped view against containerd's overlayfs on both releases, in
+// what a user sees: bursts of 30 user-namespaced containers, pulls of 50
+// and 400 layers (containerd's default, sequential unpack), and the mount
+// calls of a container start (counts, 3 repetitions).
+func Headline() Config {
+	return Config{
+		Name:        "headline",
+		Reps:        3,
+		Versions:    []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
+		StartLayers: []int{1, 50, 400},
+		Bursts:      []BurstShape{{30, 1, 50, false}},
+		BurstReps:   headlineReps,
+		PullLayers:  []int{50, 400},
+		PullReps:    headlineReps,
+		Scenarios:   []string{"starts", "bursts", "pulls"},
+		Contenders:  []string{OverlayfsName},
+	}
+}
+
+// headlineReps are the interleaved pairs of every headline ratio: as many
+// as keep make bench within 20 minutes on 2 cores.
+const headlineReps = 8
+
+// AB is the configuration of make bench-ab: grouped view run from build B
+// (binary b, or the working tree if empty) against build A (binary a),
+// interleaved in pairs, on both releases: bursts of 30 user-namespaced
+// containers and pulls of 50 and 400 layers. Each build runs with its own
+// defaults and the same configuration.
+func AB(a, b string, pairs int) Config {
+	return Config{
+		Name:          "ab-" + time.Now().UTC().Format("2006-01-02"),
+		Reps:          3,
+		Versions:      []string{harness.ContainerdV2_4, harness.ContainerdV2_0},
+		Bursts:        []BurstShape{{30, 1, 50, false}},
+		BurstReps:     pairs,
+		PullLayers:    []int{50, 400},
+		PullReps:      pairs,
+		Scenarios:     []string{"bursts", "pulls"},
+		Contenders:    []string{GroupedA},
+		GroupedBinary: b,
+		ABBinary:      a,
+	}
+}
+
+// Full is the configuration of make bench-full: everything issue 7 asks
+// for.
 func Full() Config {
 	return Config{
 		Name:              "latest",
@@ -313,10 +374,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: %d repetitions, need at least 3 for min/median/max", c.Name, c.Reps)
 	case len(c.Versions) == 0:
 		return fmt.Errorf("bench config %s: no containerd version", c.Name)
-	case c.APIOps < 1 || c.APIParentLayers < 1:
+	case c.runs("api") && (c.APIOps < 1 || c.APIParentLayers < 1):
 		return fmt.Errorf("bench config %s: API scenario needs ops and parent layers", c.Name)
-	case c.MemoryMappings < 1 || c.MemoryActives < c.MemoryMappings || c.MemoryChains < 1 || c.MemoryChainLength > 500:
+	case c.runs("memory") && (c.MemoryMappings < 1 || c.MemoryActives < c.MemoryMappings || c.MemoryChains < 1 || c.MemoryChainLength > 500):
 		return fmt.Errorf("bench config %s: bad memory population", c.Name)
+	case c.runs("starts") && len(c.StartLayers) == 0:
+		return fmt.Errorf("bench config %s: the starts scenario needs layer counts", c.Name)
+	case c.ABBinary == "" && slices.Contains(c.Contenders, GroupedA):
+		return fmt.Errorf("bench config %s: contender %q needs build A's binary (-ab-binary)", c.Name, GroupedA)
+	case c.ABBinary != "" && (c.runs("unpack") || c.runs("api") || c.runs("memory") || c.runs("import")):
+		return fmt.Errorf("bench config %s: an A/B compares the builds in the starts, bursts and pulls scenarios only", c.Name)
 	}
 	for _, fs := range c.UnpackFilesystems {
 		if !slices.Contains(UnpackFilesystemNames, fs) {

@@ -53,6 +53,24 @@ func TestStageContenders(t *testing.T) {
 			t.Errorf("%s declares rebase", c.Name)
 		}
 	}
+	// The headline: grouped view and overlayfs, containerd's default
+	// (sequential) unpack only; an A/B: grouped view from both builds.
+	for _, v := range []string{harness.ContainerdV2_4, harness.ContainerdV2_0} {
+		if got, want := names(stageContenders(Headline(), v)), []string{Grouped, OverlayfsName}; !slices.Equal(got, want) {
+			t.Errorf("headline on %s: contenders %q, want %q", v, got, want)
+		}
+		ab := stageContenders(AB("/a", "/b", 10), v)
+		if got, want := names(ab), []string{Grouped, GroupedA}; !slices.Equal(got, want) {
+			t.Errorf("A/B on %s: contenders %q, want %q", v, got, want)
+		}
+		if len(ab) == 2 && (ab[0].IDMap != ab[1].IDMap || ab[0].Snapshotter != ab[1].Snapshotter || ab[0].Rebase || ab[1].Rebase || !ab[1].A) {
+			t.Errorf("A/B on %s: the builds run differently: %+v", v, ab)
+		}
+	}
+	// Build A takes part only in an A/B.
+	if got := names(stageContenders(Full(), harness.ContainerdV2_4)); slices.Contains(got, GroupedA) {
+		t.Errorf("full run's contenders %q include build A", got)
+	}
 	if Contenders[0].Name != Grouped || Contenders[0].OverlayProxy {
 		t.Errorf("first contender %+v: the API scenario needs grouped view's daemon there", Contenders[0])
 	}

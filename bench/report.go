@@ -30,6 +30,8 @@ func Markdown(res *Results, charts []string, notes string) string {
 		res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	b.WriteString(partsLine(res))
+	writeAB(&b, res)
+	writeSummary(&b, res)
 	writeMachine(&b, res.Machine)
 	writeMethod(&b, cfg)
 	writeStarts(&b, res, charts)
@@ -65,8 +67,11 @@ func writeMethod(b *strings.Builder, cfg Config) {
 - **Bursts** are timed without tracing or sampling; one extra, observed burst per contender then traces syscalls and forks and samples ` + "`/proc/self/mountinfo`" + ` every 10 ms (a read of mountinfo takes the mount namespace lock that mounts need, so it must not run during timed bursts). Peak mountinfo is the highest count above the count before the burst.
 - **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table; its control, containerd's overlay code served by ` + "`bench/cmd/overlay-proxy`" + ` (overlayfs behind proxy), is, through the same client.
 - **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
-
 `)
+	if cfg.ABBinary != "" {
+		b.WriteString("- **A/B:** **" + GroupedA + "** is grouped view run from build A (" + refText(cfg.ARef, cfg.ABBinary) + "); **" + Grouped + "** is build B (" + refText(cfg.BRef, cfg.GroupedBinary) + "). The ratios \"grouped view ÷ this\" of the rows of " + GroupedA + " are B ÷ A.\n")
+	}
+	b.WriteString("\n")
 }
 
 // pullLimits describes when a contender's pulls of an image stop early.

@@ -79,6 +79,15 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 		if c.ParallelUnpack {
 			opts.ContainerdConfig = fmt.Sprintf("[plugins.'io.containerd.transfer.v1.local']\n  max_concurrent_unpacks = %d\n", cfg.UnpackConcurrency)
 		}
+		// The builds of an A/B run from their binaries, configured and
+		// registered (as snapshotter and differ) as the harness's own
+		// build would be.
+		switch {
+		case c.A:
+			opts.SnapshotterBin, opts.SnapshotterBinServesDiff = cfg.ABBinary, true
+		case c.Snapshotter == harness.SnapshotterGrouped && !c.OverlayProxy && cfg.GroupedBinary != "":
+			opts.SnapshotterBin, opts.SnapshotterBinServesDiff = cfg.GroupedBinary, true
+		}
 		if c.OverlayProxy {
 			// containerd's overlay code declares no rebase behind the
 			// proxy either: sequential unpack, as for grouped.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,12 +51,22 @@ func TestRotation(t *testing.T) {
 }
 
 func TestConfigs(t *testing.T) {
-	for _, cfg := range []Config{Full(), Quick()} {
+	for _, cfg := range []Config{Full(), Quick(), Headline(), AB("/a", "", 10)} {
 		if err := cfg.Validate(); err != nil {
 			t.Errorf("%s: %v", cfg.Name, err)
 		}
 	}
-	bad := Quick()
+	bad := Headline()
+	bad.Contenders = []string{GroupedA}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "-ab-binary") {
+		t.Errorf("contender %q without build A: %v", GroupedA, err)
+	}
+	bad = AB("/a", "", 10)
+	bad.Scenarios = append(bad.Scenarios, "api")
+	if err := bad.Validate(); err == nil {
+		t.Error("an A/B with the API scenario accepted")
+	}
+	bad = Quick()
 	bad.Reps = 2
 	if err := bad.Validate(); err == nil {
 		t.Error("2 repetitions accepted")

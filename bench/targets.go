@@ -223,18 +223,15 @@ func erofsTargets(res *Results) []target {
 	return ts
 }
 
+// apiTargets: the daemon's Mounts for a mapping in use makes no mount
+// call (a count). The latency targets of the API calls (sub-millisecond
+// p50s) are withdrawn (issue 29): what counts is what a user sees.
 func apiTargets(res *Results) []target {
 	if len(res.API) == 0 {
 		return nil
 	}
-	_, _, calls := apiSummary(res.API, "grouped view", opMountsMapped)
-	p50, _, _ := apiSummary(res.API, "grouped view", opPrepareNew)
-	inUse, _, _ := apiSummary(res.API, "grouped view", opPrepareExisting)
-	// Each repetition gives a p50; the target holds for their median.
+	_, _, calls := apiSummary(res.API, Grouped, opMountsMapped)
 	return []target{
 		{what: "(4) grouped view: Mounts for a mapping in use adds no mount syscall", measured: fmt.Sprintf("%.2g per call", calls), met: calls == 0},
-		{what: "(4) grouped view: the call that makes a new mapping's view ≤ 2 ms p50", measured: fmt.Sprintf("Prepare, new mapping: %.3f ms p50", p50.Median), met: p50.N > 0 && p50.Median <= 2},
-		{what: "(13) grouped view: first Prepare of a new mapping ≤ 1.5 ms p50", measured: fmt.Sprintf("%.3f ms p50 (median of %d repetitions)", p50.Median, p50.N), met: p50.N > 0 && p50.Median <= 1.5},
-		{what: "(13) grouped view: Prepare with the mapping in use ≤ 1.2 ms p50", measured: fmt.Sprintf("%.3f ms p50 (median of %d repetitions)", inUse.Median, inUse.N), met: inUse.N > 0 && inUse.Median <= 1.2},
 	}
 }

@@ -1,7 +1,10 @@
 // Command bench runs grouped-snapshotter's benchmarks against containerd's
-// built-in overlayfs on real containerd releases (make bench, make
-// bench-quick) and writes bench/results/<name>.md, <name>.json and
-// <name>-*.png. It must run as root, like the integration tests.
+// built-in overlayfs on real containerd releases and writes
+// bench/results/<name>.md, <name>.json and <name>-*.png: by default the
+// headline (make bench, about 20 minutes), with -full everything (make
+// bench-full, hours), with -quick a smoke run (make bench-quick), and with
+// -ab-binary an A/B of two builds of grouped-snapshotter (make bench-ab).
+// It must run as root, like the integration tests.
 package main
 
 import (
@@ -31,7 +34,15 @@ func main() {
 
 func run() error {
 	quick := flag.Bool("quick", false, "run the small configuration (make bench-quick)")
-	name := flag.String("name", "", "results name (default: latest, or quick with -quick)")
+	full := flag.Bool("full", false, "run every scenario (make bench-full); the default is the headline (make bench)")
+	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
+	abBinary := flag.String("ab-binary", "", "A/B as -a, with build A given as a grouped-snapshotter binary")
+	aRef := flag.String("ab-ref", "", "with -ab-binary: what build A was built from, for the report")
+	b := flag.String("b", "", "run grouped view and grouped shim built from this git commit instead of the working tree (build B of an A/B)")
+	binary := flag.String("binary", "", "as -b, given as a grouped-snapshotter binary")
+	bRef := flag.String("b-ref", "", "with -binary: what it was built from, for the report")
+	pairs := flag.Int("pairs", 10, "A/B: interleaved pairs of every burst and pull")
+	name := flag.String("name", "", "results name (default: headline; latest with -full, quick with -quick, ab-DATE for an A/B)")
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
 	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished units are kept, the others run")
@@ -97,9 +108,61 @@ func run() error {
 			return err
 		}
 	}
-	cfg := bench.Full()
-	if *quick {
+	switch {
+	case *a != "" && *abBinary != "":
+		return errors.New("-a builds A, -ab-binary gives it: give one")
+	case *b != "" && *binary != "":
+		return errors.New("-b builds B, -binary gives it: give one")
+	}
+	ab := *a != "" || *abBinary != ""
+	if btoi(*quick)+btoi(*full)+btoi(ab) > 1 {
+		return errors.New("-quick, -full and an A/B (-a, -ab-binary) select different runs: give one")
+	}
+	// The builds of the commits asked for, made before anything else and
+	// removed after the run.
+	var builds string
+	if *a != "" || *b != "" {
+		var err error
+		if builds, err = os.MkdirTemp("", "gs-bench-builds-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(builds)
+	}
+	if *a != "" {
+		var err error
+		if *abBinary, *aRef, err = buildCommit(*a, builds, "grouped-snapshotter-A"); err != nil {
+			return fmt.Errorf("build A: %w", err)
+		}
+	}
+	if *b != "" {
+		var err error
+		if *binary, *bRef, err = buildCommit(*b, builds, "grouped-snapshotter-B"); err != nil {
+			return fmt.Errorf("build B: %w", err)
+		}
+	}
+	cfg := bench.Headline()
+	switch {
+	case *quick:
 		cfg = bench.Quick()
+	case *full:
+		cfg = bench.Full()
+	case ab:
+		if *pairs < 3 {
+			return fmt.Errorf("-pairs %d: at least 3 pairs are needed for an interval", *pairs)
+		}
+		bin, err := existing("-ab-binary", *abBinary)
+		if err != nil {
+			return err
+		}
+		cfg = bench.AB(bin, "", *pairs)
+		cfg.ARef = *aRef
+	}
+	if *binary != "" {
+		bin, err := existing("-binary", *binary)
+		if err != nil {
+			return err
+		}
+		cfg.GroupedBinary, cfg.BRef = bin, *bRef
 	}
 	if *name != "" {
 		cfg.Name = *name
@@ -205,6 +268,13 @@ func run() error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // layerCounts parses flag's comma-separated layer counts.

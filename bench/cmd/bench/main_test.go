@@ -3,11 +3,13 @@ package main
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/bench"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 func TestResumeFlags(t *testing.T) {
@@ -49,5 +51,39 @@ func TestResumeFlags(t *testing.T) {
 	}
 	if _, err := resumable(filepath.Join(dir, "missing.json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("resume of a missing file: %v", err)
+	}
+}
+
+// TestBuildCommit builds the daemon of a commit (this one) in a temporary
+// worktree, which it removes: what make bench-ab does for builds A and B.
+func TestBuildCommit(t *testing.T) {
+	dir := t.TempDir()
+	bin, label, err := buildCommit("HEAD", dir, "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(label, " (HEAD)") || len(label) < len("0000000 (HEAD)") {
+		t.Errorf("label %q, want the short hash and (HEAD)", label)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("binary %s: %v %v", bin, fi, err)
+	}
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if !strings.Contains(string(out), "-root") {
+		t.Errorf("%s --help: %v\n%s", bin, err, out)
+	}
+	repo, err := harness.FindRepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := command(t.Context(), repo, "git", "worktree", "list", "--porcelain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(list, "gs-worktree-") {
+		t.Errorf("a build's worktree is left:\n%s", list)
+	}
+	if _, _, err := buildCommit("no-such-ref", dir, "gs2"); err == nil || !strings.Contains(err.Error(), "rev-parse") {
+		t.Errorf("build of an unknown ref: %v", err)
 	}
 }

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// buildCommit builds the grouped-snapshotter daemon of the repository's
+// commit ref into dir/name, as the harness builds the working tree's (go
+// build, no flags), in a temporary git worktree it removes after. It
+// returns the binary and a label: the commit's short hash, with ref if
+// that is a name.
+func buildCommit(ref, dir, name string) (bin, label string, err error) {
+	ctx := context.Background()
+	repo, err := harness.FindRepoRoot()
+	if err != nil {
+		return "", "", err
+	}
+	rev, err := command(ctx, repo, "git", "rev-parse", "--short", ref+"^{commit}")
+	if err != nil {
+		return "", "", err
+	}
+	label = rev
+	if !strings.HasPrefix(rev, ref) {
+		label = fmt.Sprintf("%s (%s)", rev, ref)
+	}
+	tmp, err := os.MkdirTemp("", "gs-worktree-")
+	if err != nil {
+		return "", "", err
+	}
+	defer os.RemoveAll(tmp)
+	wt := filepath.Join(tmp, "src")
+	if _, err := command(ctx, repo, "git", "worktree", "add", "--detach", wt, rev); err != nil {
+		return "", "", err
+	}
+	defer func() {
+		if _, rerr := command(ctx, repo, "git", "worktree", "remove", "--force", wt); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	bin = filepath.Join(dir, name)
+	if _, err := command(ctx, wt, "go", "build", "-o", bin, "./cmd/grouped-snapshotter"); err != nil {
+		return "", "", err
+	}
+	fmt.Fprintf(os.Stderr, "bench: built %s from %s\n", bin, label)
+	return bin, label, nil
+}
+
+// command runs a command in dir and returns its trimmed standard output.
+func command(ctx context.Context, dir, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, errOut.Bytes())
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// existing returns the absolute path of the file flag names, which must
+// exist.
+func existing(flag, path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	return abs, nil
+}
