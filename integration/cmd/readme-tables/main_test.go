@@ -9,33 +9,36 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
 )
 
-// TestREADMECurrent fails when a generated section of the README differs
-// from what the committed results files give: figures are measured and
-// committed by the tests, never typed in.
+// TestREADMECurrent fails when a generated section of the README or of
+// docs/benchmarks.md differs from what the committed results files give:
+// figures are measured and committed by the tests, never typed in.
 func TestREADMECurrent(t *testing.T) {
 	root := filepath.Join("..", "..", "..")
 	if err := run(root, true); err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	var all strings.Builder
+	for _, doc := range docs {
+		data, err := os.ReadFile(filepath.Join(root, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(data)
 	}
 	sections, err := results.Sections(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, body := range sections {
-		if !strings.Contains(string(readme), body) {
-			t.Errorf("README section %s is not the rendering of the results:\n%s", name, body)
+		if !strings.Contains(all.String(), body) {
+			t.Errorf("section %s is not the rendering of the results:\n%s", name, body)
 		}
 	}
 }
 
-// TestRunRewrites: a hand edit inside a section is replaced, the rest of
-// the README is kept, and -check then passes.
-func TestRunRewrites(t *testing.T) {
-	root := t.TempDir()
+// copyResults copies the committed results files into a scratch root.
+func copyResults(t *testing.T, root string) {
+	t.Helper()
 	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile} {
 		data, err := os.ReadFile(filepath.Join("..", "..", "..", f))
 		if err != nil {
@@ -48,13 +51,27 @@ func TestRunRewrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\n<!-- BEGIN compat -->\n<!-- END compat -->\nafter\n"
-	path := filepath.Join(root, "README.md")
-	if err := os.WriteFile(path, []byte(readme), 0o644); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, "docs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRunRewrites: a hand edit inside a section is replaced, in whichever
+// document holds the section, the rest of each document is kept, and
+// -check then passes.
+func TestRunRewrites(t *testing.T) {
+	root := t.TempDir()
+	copyResults(t, root)
+	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n"
+	bench := "# b\n\n<!-- BEGIN compat (generated) -->\n| typed too |\n<!-- END compat -->\nend\n"
+	readmePath, benchPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md")
+	for path, text := range map[string]string{readmePath: readme, benchPath: bench} {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := run(root, true); err == nil {
-		t.Fatal("-check passed on a hand-edited README")
+		t.Fatal("-check passed on hand-edited documents")
 	}
 	if err := run(root, false); err != nil {
 		t.Fatal(err)
@@ -62,14 +79,49 @@ func TestRunRewrites(t *testing.T) {
 	if err := run(root, true); err != nil {
 		t.Fatalf("-check after a rewrite: %v", err)
 	}
-	data, _ := os.ReadFile(path)
-	got := string(data)
-	for _, want := range []string{"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END compat -->\nafter\n", "hostUsers: false", "| containerd | plain start, "} {
-		if !strings.Contains(got, want) {
-			t.Errorf("rewritten README lacks %q:\n%s", want, got)
+	for path, wants := range map[string][]string{
+		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false"},
+		benchPath:  {"# b\n\n<!-- BEGIN compat (generated) -->\n| containerd | plain start, ", "<!-- END compat -->\nend\n"},
+	} {
+		data, _ := os.ReadFile(path)
+		got := string(data)
+		for _, want := range wants {
+			if !strings.Contains(got, want) {
+				t.Errorf("rewritten %s lacks %q:\n%s", path, want, got)
+			}
+		}
+		if strings.Contains(got, "typed") {
+			t.Errorf("the hand edit survived in %s:\n%s", path, got)
 		}
 	}
-	if strings.Contains(got, "typed") {
-		t.Errorf("the hand edit survived:\n%s", got)
+}
+
+// TestRunPlacement: a section must be in exactly one document.
+func TestRunPlacement(t *testing.T) {
+	for name, tc := range map[string]struct{ readme, bench, want string }{
+		"missing": {
+			readme: "<!-- BEGIN mount-syscalls -->\n<!-- END mount-syscalls -->\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\n",
+			bench:  "# b\n",
+			want:   "section compat is in none of",
+		},
+		"twice": {
+			readme: "<!-- BEGIN mount-syscalls -->\n<!-- END mount-syscalls -->\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\n<!-- BEGIN compat -->\n<!-- END compat -->\n",
+			bench:  "<!-- BEGIN compat -->\n<!-- END compat -->\n",
+			want:   "section compat is in both README.md and docs/benchmarks.md",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			copyResults(t, root)
+			if err := os.WriteFile(filepath.Join(root, "README.md"), []byte(tc.readme), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "docs", "benchmarks.md"), []byte(tc.bench), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := run(root, false); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("run: %v, want an error with %q", err, tc.want)
+			}
+		})
 	}
 }
