@@ -304,6 +304,12 @@ func resumeConfig(prev *bench.Results, path string, set []string) (bench.Config,
 	}
 	cfg := prev.Config
 	cfg.Name = strings.TrimSuffix(cfg.Name, bench.PartialSuffix)
+	// The builds of an A/B made from commits are removed after their run.
+	for _, bin := range []string{cfg.ABBinary, cfg.GroupedBinary} {
+		if _, err := os.Stat(bin); bin != "" && err != nil {
+			return bench.Config{}, fmt.Errorf("-resume %s: the run's grouped-snapshotter build is gone (%w): run it again", path, err)
+		}
+	}
 	return cfg, nil
 }
 

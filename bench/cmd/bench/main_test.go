@@ -35,6 +35,12 @@ func TestResumeFlags(t *testing.T) {
 		t.Errorf("-resume with configuration flags: %v", err)
 	}
 
+	ab := &bench.Results{Config: bench.AB(filepath.Join(dir, "gone"), "", 10)}
+	ab.MarkFailed(errors.New("interrupt"))
+	if _, err := resumeConfig(ab, path, []string{"resume"}); err == nil || !strings.Contains(err.Error(), "build is gone") {
+		t.Errorf("resume of an A/B whose build A is gone: %v", err)
+	}
+
 	complete := filepath.Join(dir, "latest.json")
 	if err := saveJSON(complete, &bench.Results{Config: bench.Full()}); err != nil {
 		t.Fatal(err)
