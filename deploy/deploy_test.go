@@ -1,15 +1,23 @@
 package deploy
 
 import (
+	"archive/tar"
+	"bytes"
 	"crypto/sha256"
+	"debug/elf"
+	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
 )
@@ -333,5 +341,132 @@ func TestUninstallExportRefusesWithoutDaemon(t *testing.T) {
 	}
 	if snapshotTree(t, host) != installed {
 		t.Error("the refused uninstall changed the node")
+	}
+}
+
+// TestBuildImageMultiArch builds the installer image for linux/amd64 and
+// linux/arm64 with hack/build-image.sh (ARCH=amd64,arm64), pushed to a
+// local crane registry, and checks that REF is an index of both platforms
+// whose arm64 image holds arm64 executables only: the daemon, busybox and
+// grpc-health-probe, each cross-built or fetched for arm64. (The host
+// architecture's image is unpacked and its install.sh run by
+// integration's TestInstallerImage.)
+func TestBuildImageMultiArch(t *testing.T) {
+	tools := os.Getenv("GS_TOOLS_BIN")
+	if tools == "" {
+		tools = filepath.Join("..", ".tools", "bin")
+	}
+	crane, err := filepath.Abs(filepath.Join(tools, "crane"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{crane, filepath.Join(tools, "grpc-health-probe")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("%v (run make tools)", err)
+		}
+	}
+	host := startCraneRegistry(t, crane)
+	ref := host + "/installer:multi"
+	build := exec.Command("../hack/build-image.sh", ref)
+	build.Env = append(os.Environ(), "ARCH=amd64,arm64", "INSECURE=1", "GS_TOOLS_BIN="+filepath.Dir(crane))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("ARCH=amd64,arm64 build-image.sh: %v\n%s", err, out)
+	}
+
+	manifest, err := exec.Command(crane, "manifest", "--insecure", ref).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var index struct {
+		MediaType string `json:"mediaType"`
+		Manifests []struct {
+			Platform struct{ OS, Architecture string }
+		}
+	}
+	if err := json.Unmarshal(manifest, &index); err != nil {
+		t.Fatal(err)
+	}
+	var platforms []string
+	for _, m := range index.Manifests {
+		platforms = append(platforms, m.Platform.OS+"/"+m.Platform.Architecture)
+	}
+	if index.MediaType != "application/vnd.oci.image.index.v1+json" || strings.Join(platforms, " ") != "linux/amd64 linux/arm64" {
+		t.Fatalf("%s is %s with platforms %v, want an OCI index of linux/amd64 and linux/arm64:\n%s", ref, index.MediaType, platforms, manifest)
+	}
+
+	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
+		var export bytes.Buffer
+		cmd := exec.Command(crane, "export", "--insecure", "--platform", "linux/"+arch, ref, "-")
+		cmd.Stdout = &export
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("export linux/%s: %v", arch, err)
+		}
+		found := map[string]bool{}
+		tr := tar.NewReader(&export)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := strings.TrimPrefix(h.Name, "./")
+			switch name {
+			case "bin/busybox", "usr/local/bin/grouped-snapshotter", "usr/local/bin/grpc-health-probe":
+			default:
+				continue
+			}
+			data, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := elf.NewFile(bytes.NewReader(data))
+			if err != nil {
+				t.Fatalf("linux/%s image: %s: %v", arch, name, err)
+			}
+			if f.Machine != machine {
+				t.Errorf("linux/%s image: %s is built for %v, want %v", arch, name, f.Machine, machine)
+			}
+			found[name] = true
+		}
+		if len(found) != 3 {
+			t.Errorf("linux/%s image: found only %v of busybox, the daemon and the probe", arch, found)
+		}
+	}
+}
+
+// startCraneRegistry serves a registry on a free loopback port until the
+// test ends and returns its host:port.
+func startCraneRegistry(t *testing.T, crane string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := l.Addr().String()
+	l.Close()
+	blobs := t.TempDir()
+	cmd := exec.Command(crane, "registry", "serve", "--address", host, "--disk", blobs)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + host + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return host
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("crane registry on %s did not answer: %v\n%s", host, err, log.String())
+		}
 	}
 }

@@ -2,7 +2,20 @@
 # Builds the pinned real components the integration tests and the demo drive,
 # from the Go module proxy, into $TOOLS_DIR/bin. Idempotent: a tool whose
 # stamp file names the same version is not rebuilt.
+#
+#   hack/install-tools.sh        everything make test needs (the default)
+#   hack/install-tools.sh demo   only what make demo runs: containerd v2.4.2
+#                                (containerd, ctr, the runc shim), runc, crane
 set -euo pipefail
+
+SET=${1:-all}
+case "$SET" in
+all | demo) ;;
+*)
+	echo "usage: install-tools.sh [all|demo]" >&2
+	exit 2
+	;;
+esac
 
 TOOLS_DIR=${TOOLS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.tools}
 BIN="$TOOLS_DIR/bin"
@@ -50,6 +63,10 @@ build containerd "$CONTAINERD_VERSION" no_btrfs \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 build runc "$RUNC_VERSION" seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
 build crane "$CRANE_VERSION" "" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+if [ "$SET" = demo ]; then
+	echo "install-tools: demo tools in $BIN"
+	exit 0
+fi
 # Static: it runs in the DaemonSet's busybox image, which has no libc.
 CGO=0 build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62} static" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
 build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
