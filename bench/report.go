@@ -56,20 +56,63 @@ func writeMachine(b *strings.Builder, m Machine) {
 }
 
 func writeMethod(b *strings.Builder, cfg Config) {
-	b.WriteString(`## Method
-
-- **Contenders:** grouped-snapshotter with ` + "`idmap = \"view\"`" + ` (one persistent idmapped view per mapping), the same daemon with ` + "`idmap = \"shim\"`" + ` (returns ` + "`uidmap=`/`gidmap=`" + ` and lets containerd's shim idmap, like overlayfs), containerd's built-in ` + "`overlayfs`" + `, **overlayfs behind proxy** (containerd v2.4.2's own overlay snapshotter code, configured as the built-in one is by default, served over the snapshots gRPC API on a unix socket by ` + "`bench/cmd/overlay-proxy`" + ` and registered as a proxy plugin exactly as grouped is, capabilities ` + "`[\"remap-ids\"]`" + `: the control that separates the cost of being out of process from grouped's own work), and on v2.4.2 containerd's built-in **erofs** snapshotter. Each runs behind its own private containerd of the release under test (v2.4.2: the shim idmaps the layers' common parent once per mount; v2.0.5: once per layer), with runc 1.5.2 and identical configuration but for the snapshotter. All pull from one local registry (test images: busybox-static plus one small file per layer).
-- **erofs, honestly labelled:** it runs with the ` + "`walking`" + ` differ (` + "`unpack_config`" + ` with ` + "`snapshotter = \"erofs\"`, `differ = \"walking\"`" + `) and Debian 12's erofs-utils 1.5, which lacks ` + "`mkfs.erofs --tar`" + `: containerd's erofs differ skips itself, each layer is applied into a directory and converted to an EROFS image at commit. That is a slower pull path than containerd recommends (erofs-utils ≥ 1.7 with the erofs differ). It declares ` + "`remap-ids`" + ` and ` + "`rebase`" + ` itself. Its failures (a pull or start that fails) are results, shown in the tables.
-- containerd config for every contender: ` + "`gc.v1.scheduler deletion_threshold = 1`" + ` (removed snapshots leave promptly, so each repetition starts from the same state) and containerd's default unpack (` + "`max_concurrent_unpacks`" + ` unset: sequential). grouped-snapshotter and overlayfs behind proxy do not declare ` + "`rebase`" + `, so they always unpack sequentially. The contenders that declare ` + "`rebase`" + ` (overlayfs, erofs) also pull, on v2.4.2, behind a second containerd with ` + fmt.Sprintf("`transfer.v1.local max_concurrent_unpacks = %d`", cfg.UnpackConcurrency) + ` ("…, parallel unpack"); v2.0.5 has no parallel unpack.
+	b.WriteString("## Method\n\n")
+	// The contenders of this run, described.
+	var cs []string
+	for _, c := range Contenders {
+		if c.Name != Grouped && len(cfg.Contenders) > 0 && !slices.Contains(cfg.Contenders, c.Name) || c.A && cfg.ABBinary == "" {
+			continue
+		}
+		switch c.Name {
+		case Grouped:
+			cs = append(cs, "grouped-snapshotter with `idmap = \"view\"` (one persistent idmapped view per mapping)")
+		case "grouped shim":
+			cs = append(cs, "the same daemon with `idmap = \"shim\"` (returns `uidmap=`/`gidmap=` and lets containerd's shim idmap, like overlayfs)")
+		case OverlayfsName:
+			cs = append(cs, "containerd's built-in `overlayfs`")
+		case OverlayProxyName:
+			cs = append(cs, "**overlayfs behind proxy** (containerd v2.4.2's own overlay snapshotter code, configured as the built-in one is by default, served over the snapshots gRPC API on a unix socket by `bench/cmd/overlay-proxy` and registered as a proxy plugin exactly as grouped is, capabilities `[\"remap-ids\"]`: the control that separates the cost of being out of process from grouped's own work)")
+		case ErofsName:
+			cs = append(cs, "on v2.4.2 containerd's built-in **erofs** snapshotter")
+		case GroupedA:
+			cs = append(cs, "**"+GroupedA+"**, grouped view run from build A ("+refText(cfg.ARef, cfg.ABBinary)+"), while grouped view is build B ("+refText(cfg.BRef, cfg.GroupedBinary)+"): the ratios \"grouped view ÷ this\" of its rows are B ÷ A")
+		}
+	}
+	list := strings.Join(cs, ", ")
+	if n := len(cs); n > 1 {
+		list = strings.Join(cs[:n-1], ", ") + " and " + cs[n-1]
+	}
+	b.WriteString("- **Contenders:** " + list + ". Each runs behind its own private containerd of the release under test (v2.4.2: the shim idmaps the layers' common parent once per mount; v2.0.5: once per layer), with runc 1.5.2 and identical configuration but for the snapshotter. All pull from one local registry (test images: busybox-static plus one small file per layer).\n")
+	if cfg.ABBinary != "" {
+		b.WriteString("- **Builds:** each runs with its own defaults, from the same daemon configuration, registered as snapshotter and differ proxy plugins as the installer registers them.\n")
+	}
+	ran := func(name string) bool {
+		return name == Grouped || len(cfg.Contenders) == 0 || slices.Contains(cfg.Contenders, name)
+	}
+	if ran(ErofsName) && cfg.ABBinary == "" {
+		b.WriteString(`- **erofs, honestly labelled:** it runs with the ` + "`walking`" + ` differ (` + "`unpack_config`" + ` with ` + "`snapshotter = \"erofs\"`, `differ = \"walking\"`" + `) and Debian 12's erofs-utils 1.5, which lacks ` + "`mkfs.erofs --tar`" + `: containerd's erofs differ skips itself, each layer is applied into a directory and converted to an EROFS image at commit. That is a slower pull path than containerd recommends (erofs-utils ≥ 1.7 with the erofs differ). It declares ` + "`remap-ids`" + ` and ` + "`rebase`" + ` itself. Its failures (a pull or start that fails) are results, shown in the tables.
+`)
+	}
+	b.WriteString(`- containerd config for every contender: ` + "`gc.v1.scheduler deletion_threshold = 1`" + ` (removed snapshots leave promptly, so each repetition starts from the same state) and containerd's default unpack (` + "`max_concurrent_unpacks`" + ` unset: sequential). grouped-snapshotter does not declare ` + "`rebase`" + `, so it always unpacks sequentially.`)
+	if ran(OverlayProxyName) && cfg.ABBinary == "" {
+		b.WriteString(" Nor does overlayfs behind proxy.")
+	}
+	if cfg.UnpackConcurrency > 1 && cfg.runs("pulls") {
+		b.WriteString(` The contenders that declare ` + "`rebase`" + ` (overlayfs, erofs) also pull, on v2.4.2, behind a second containerd with ` + fmt.Sprintf("`transfer.v1.local max_concurrent_unpacks = %d`", cfg.UnpackConcurrency) + ` ("…, parallel unpack"); v2.0.5 has no parallel unpack.`)
+	}
+	b.WriteString(`
 - **Pull ratios** (grouped view ÷ each other contender) are ratios of medians over interleaved repetitions, with a **bootstrap 95% confidence interval**: the repetitions' (grouped, other) pairs are resampled with replacement 10,000 times (fixed seed), the ratio of medians taken each time, and the 2.5th and 97.5th percentiles reported. A pull target counts as met only when the interval's upper end is under it.` + pullLimits(cfg) + `
 - **Syscalls** are counted with a private tracefs instance (syscall tracepoints, pid filter with event-fork) on this process, containerd and the snapshotter daemon and everything they fork: ` + "`mount umount2 open_tree move_mount mount_setattr fsopen fsconfig fsmount`" + `. "Snapshot side" = shim + containerd + ctr + snapshotter daemon; runc's own container setup is reported apart.
 - **User-namespace forks** are counted the same way from ` + "`clone`" + ` with ` + "`CLONE_NEWUSER`" + ` and ` + "`unshare(CLONE_NEWUSER)`" + ` (tracefs filters on the flags; containerd's userns-fd helper forks through Go's ` + "`SysProcAttr.Cloneflags`" + `, i.e. ` + "`clone`" + `), by process, including processes started before the trace: on the snapshot side they are the helpers forked to obtain a user-namespace fd (the shim's per container, grouped-snapshotter's per new mapping); runc's are the containers' own. A burst's trace must see at least one snapshot-side fork per fresh mapping.
 - **Bursts** are timed without tracing or sampling; one extra, observed burst per contender then traces syscalls and forks and samples ` + "`/proc/self/mountinfo`" + ` every 10 ms (a read of mountinfo takes the mount namespace lock that mounts need, so it must not run during timed bursts). Peak mountinfo is the highest count above the count before the burst.
-- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table; its control, containerd's overlay code served by ` + "`bench/cmd/overlay-proxy`" + ` (overlayfs behind proxy), is, through the same client.
-- **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
 `)
-	if cfg.ABBinary != "" {
-		b.WriteString("- **A/B:** **" + GroupedA + "** is grouped view run from build A (" + refText(cfg.ARef, cfg.ABBinary) + "); **" + Grouped + "** is build B (" + refText(cfg.BRef, cfg.GroupedBinary) + "). The ratios \"grouped view ÷ this\" of the rows of " + GroupedA + " are B ÷ A.\n")
+	if cfg.runs("api") {
+		b.WriteString(`- **API latency** is taken at the client, containerd's own ` + "`core/snapshots/proxy`" + ` client over the daemon's unix socket, against a daemon of its own (no containerd); a separate traced pass counts the daemon's mount syscalls per call. overlayfs is built into containerd and has no socket, so it is not in this table; its control, containerd's overlay code served by ` + "`bench/cmd/overlay-proxy`" + ` (overlayfs behind proxy), is, through the same client.
+`)
+	}
+	if cfg.runs("memory") {
+		b.WriteString(`- **Memory** is the daemon's VmRSS one second after start, and one second after the population was made, on a fresh daemon per repetition.
+`)
 	}
 	b.WriteString("\n")
 }

@@ -63,7 +63,7 @@ func TestABReport(t *testing.T) {
 		if rows != 5 {
 			t.Errorf("factor %.1f: %d rows, want 5:\n%s", tc.factor, rows, section)
 		}
-		if !strings.Contains(md, "**"+GroupedA+"** is grouped view run from build A") {
+		if !strings.Contains(md, "**"+GroupedA+"**, grouped view run from build A (`b2d463f` (`/tmp/gs-A`))") {
 			t.Errorf("factor %.1f: the method does not describe build A", tc.factor)
 		}
 	}
