@@ -128,15 +128,16 @@ func pullCPURatio(res *Results, version, other string, layers int) Interval {
 	return BootstrapRatio(pullCPUSamples(res, version, Grouped, layers), pullCPUSamples(res, version, other, layers), bootstrapResamples, h.Sum64())
 }
 
-// verdict says what an interval of B ÷ A shows.
-func verdict(iv Interval) string {
+// verdict says what an interval of B ÷ A shows, with more and less
+// naming what B does above or under 1.00 ("slower", "faster").
+func verdict(iv Interval, more, less string) string {
 	switch {
 	case iv.N == 0 || math.IsNaN(iv.Low) || math.IsNaN(iv.High):
 		return "no estimate"
 	case iv.Low > 1:
-		return "**B slower** (interval above 1.00)"
+		return "**B " + more + "** (interval above 1.00)"
 	case iv.High < 1:
-		return "B faster (interval below 1.00)"
+		return "B " + less + " (interval below 1.00)"
 	}
 	return "no difference shown (interval spans 1.00)"
 }
@@ -162,27 +163,26 @@ func writeAB(b *strings.Builder, res *Results) {
 			as, _ := burstTimes(res.Bursts, v, GroupedA, shape)
 			iv := burstRatio(res, v, GroupedA, shape)
 			fmt.Fprintf(b, "| %s | burst of %d user-namespaced containers (%s): time until all run | %.2f s | %.2f s | %s | %s |\n",
-				v, shape.Containers(), shape, bs.Median, as.Median, iv.format(), verdict(iv))
+				v, shape.Containers(), shape, bs.Median, as.Median, iv.format(), verdict(iv, "slower", "faster"))
 		}
 		for _, n := range cfg.PullLayers {
 			bs, _ := pullTimes(res.Pulls, v, Grouped, n)
 			as, _ := pullTimes(res.Pulls, v, GroupedA, n)
 			iv := pullRatio(res, v, GroupedA, n)
-			fmt.Fprintf(b, "| %s | pull of %d layers: time | %.2f s | %.2f s | %s | %s |\n", v, n, bs.Median, as.Median, iv.format(), verdict(iv))
+			fmt.Fprintf(b, "| %s | pull of %d layers: time | %.2f s | %.2f s | %s | %s |\n", v, n, bs.Median, as.Median, iv.format(), verdict(iv, "slower", "faster"))
 			bc := Summarize(nonNaN(pullCPUSamples(res, v, Grouped, n)))
 			ac := Summarize(nonNaN(pullCPUSamples(res, v, GroupedA, n)))
 			cv := pullCPURatio(res, v, GroupedA, n)
-			fmt.Fprintf(b, "| %s | pull of %d layers: daemon CPU | %.2f s | %.2f s | %s | %s |\n", v, n, bc.Median, ac.Median, cv.format(), verdict(cv))
+			fmt.Fprintf(b, "| %s | pull of %d layers: daemon CPU | %.2f s | %.2f s | %s | %s |\n", v, n, bc.Median, ac.Median, cv.format(), verdict(cv, "uses more", "uses less"))
 		}
 	}
 	b.WriteString("\n")
 }
 
-// refText describes what a build of an A/B was made from.
+// refText describes what a build of an A/B was made from: the commit if
+// known (a build made from one is removed after the run), else the binary.
 func refText(ref, binary string) string {
 	switch {
-	case ref != "" && binary != "":
-		return fmt.Sprintf("`%s` (`%s`)", ref, binary)
 	case ref != "":
 		return "`" + ref + "`"
 	case binary != "":
