@@ -11,5 +11,5 @@
 // attributes are not the ones asked for (after a crash or a mapping
 // change) instead of serving it. Which names exist and who uses them is
 // the snapshotter's registry (package snapshot); the user-namespace file
-// descriptors come from package userns.
+// descriptors come from containerd's mount.GetUsernsFD.
 package idmount

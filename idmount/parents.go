@@ -9,12 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
-	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
 // mappedAttrs are the attributes of every mapped parent: idmapped, and
@@ -23,31 +22,26 @@ import (
 const mappedAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
 
 // Parents keeps one mapped parent per mapping: a read-only idmapped mount of
-// the layer parent, each mounted at <dir>/<name>. Callers choose the names and
-// count the users; Parents makes sure that what is mounted at a name is
-// exactly the mapped parent of the mapping asked for, and never stacks two
-// mounts at one name.
+// the layer parent, each mounted at <dir>/<name>. Callers choose the names,
+// count the users and serialise the calls for one name (package snapshot
+// holds the mapping's lock); Parents makes sure that what is mounted at a
+// name is exactly the mapped parent of the mapping asked for, and never
+// stacks two mounts at one name.
 type Parents struct {
 	layers string
 	dir    string
 
-	locks   keyedmutex.Mutexes // one per mapped-parent name
 	mu      sync.Mutex
 	mounted map[string]string // name -> mapping.String() of a verified mapped parent
 
 	// syscalls counts the mount-family syscalls Parents made.
 	syscalls atomic.Uint64
-
-	// userns makes the user-namespace descriptors of new mapped parents.
-	userns *userns.Pool
 }
 
 // NewParents prepares dir to hold the mapped parents of layers: dir becomes
 // its own bind mount with private propagation, so mapped parents never
-// propagate into other mount namespaces. dir must not be inside layers. spares
-// is the number of processes kept in fresh user namespaces for the next new
-// mappings (see package userns); Close ends them.
-func NewParents(layers, dir string, spares int) (*Parents, error) {
+// propagate into other mount namespaces. dir must not be inside layers.
+func NewParents(layers, dir string) (*Parents, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
 		return nil, fmt.Errorf("mapped-parents directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
@@ -55,7 +49,7 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
 	}
-	p := &Parents{layers: layers, dir: dir, mounted: map[string]string{}, userns: userns.NewPool(spares)}
+	p := &Parents{layers: layers, dir: dir, mounted: map[string]string{}}
 	isMount, err := mountinfo.Mounted(dir)
 	if err != nil {
 		return nil, err
@@ -73,13 +67,6 @@ func NewParents(layers, dir string, spares int) (*Parents, error) {
 	return p, nil
 }
 
-// Close ends the spare user-namespace processes. The mapped parents stay
-// mounted.
-func (p *Parents) Close() error { return p.userns.Close() }
-
-// UsernsStats returns how new mapped parents got their user namespaces.
-func (p *Parents) UsernsStats() userns.Stats { return p.userns.Stats() }
-
 // Dir returns the mapped-parents directory.
 func (p *Parents) Dir() string { return p.dir }
 
@@ -89,23 +76,11 @@ func (p *Parents) Path(name string) string { return filepath.Join(p.dir, name) }
 // Syscalls returns the number of mount-family syscalls made so far.
 func (p *Parents) Syscalls() uint64 { return p.syscalls.Load() }
 
-// Lock takes the lock of mapped-parent name and returns its unlock. Callers
-// that check state elsewhere (a registry) before acting on the name hold it
-// across both, and use EnsureLocked and RemoveLocked.
-func (p *Parents) Lock(name string) (unlock func()) { return p.locks.Lock(name) }
-
 // Ensure makes sure the mapped parent of mapping m is mounted at name: it
 // reuses a mapped parent already there (also one a previous run of the daemon
 // made) when its idmapping is m, replaces one that is not, and creates a
-// missing one.
+// missing one. The caller serialises calls for one name.
 func (p *Parents) Ensure(name string, m *idmap.Mapping) error {
-	unlock := p.Lock(name)
-	defer unlock()
-	return p.EnsureLocked(name, m)
-}
-
-// EnsureLocked is Ensure for a caller holding Lock(name).
-func (p *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 	want := m.String()
 	p.mu.Lock()
 	have, known := p.mounted[name]
@@ -125,11 +100,14 @@ func (p *Parents) EnsureLocked(name string, m *idmap.Mapping) error {
 			return nil
 		}
 		// Not the mapped parent we need (or unverifiable): never serve it.
-		if err := p.unmountLocked(name); err != nil {
+		if err := p.Remove(name); err != nil {
 			return err
 		}
 	}
-	if err := p.create(path, m); err != nil {
+	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
+		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
+	}
+	if err := mountIDMapped(p.layers, path, m, &p.syscalls); err != nil {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
 	p.remember(name, want)
@@ -142,24 +120,19 @@ func (p *Parents) remember(name, mapping string) {
 	p.mu.Unlock()
 }
 
-func (p *Parents) create(path string, m *idmap.Mapping) error {
-	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
-		return err
-	}
-	return mountIDMapped(p.layers, path, m, p.userns, &p.syscalls)
-}
-
 // mountIDMapped mounts a read-only idmapped mount of src with mapping m at
 // target (mappedAttrs, private propagation), counting its syscalls in calls.
-// The clone is not recursive: nothing is mounted under the layer parent,
-// and a recursive idmap would fail if something were. That is why this is
-// not containerd's core/mount.IDMapMountWithAttrs, which clones and
-// idmaps with AT_RECURSIVE; doing the three calls here also lets calls
-// count each syscall that was made, failed ones included.
-func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, calls *atomic.Uint64) error {
-	ns, err := pool.FD(m)
+// The user namespace comes from containerd's mount.GetUsernsFD, the helper
+// containerd's own shim uses: a short-lived child, the same on every
+// architecture. The clone is not recursive: nothing is mounted under the
+// layer parent, and a recursive idmap would fail if something were. That is
+// why this is not containerd's mount.IDMapMountWithAttrs, which clones and
+// idmaps with AT_RECURSIVE; doing the three calls here also lets calls count
+// each syscall that was made, failed ones included.
+func mountIDMapped(src, target string, m *idmap.Mapping, calls *atomic.Uint64) error {
+	ns, err := mount.GetUsernsFD(m.UIDLabelValue(), m.GIDLabelValue())
 	if err != nil {
-		return err
+		return fmt.Errorf("user namespace of %s: %w", m, err)
 	}
 	defer ns.Close()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
@@ -182,17 +155,8 @@ func mountIDMapped(src, target string, m *idmap.Mapping, pool *userns.Pool, call
 
 // Remove unmounts the mapped parent called name, if mounted, and removes its
 // directory. Running containers keep working: their overlays hold their own
-// references to the layers.
+// references to the layers. The caller serialises calls for one name.
 func (p *Parents) Remove(name string) error {
-	unlock := p.Lock(name)
-	defer unlock()
-	return p.unmountLocked(name)
-}
-
-// RemoveLocked is Remove for a caller holding Lock(name).
-func (p *Parents) RemoveLocked(name string) error { return p.unmountLocked(name) }
-
-func (p *Parents) unmountLocked(name string) error {
 	path := p.Path(name)
 	p.mu.Lock()
 	delete(p.mounted, name)

@@ -47,7 +47,7 @@ func newTestParents(t *testing.T) (*Parents, string) {
 			t.Fatal(err)
 		}
 	}
-	v, err := NewParents(layers, filepath.Join(root, "v"), 1)
+	v, err := NewParents(layers, filepath.Join(root, "v"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 	}
 	// A new Parents on the same dirs (a daemon restart) recognises the mapped
 	// parent through statmount instead of stacking a second one.
-	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"), 0)
+	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
 func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
-	if _, err := NewParents(root, filepath.Join(root, "v"), 0); err == nil {
+	if _, err := NewParents(root, filepath.Join(root, "v")); err == nil {
 		t.Fatal("NewParents accepted a mapped-parents directory inside the layer parent")
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/userns"
 )
 
 // probeMapping is an arbitrary mapping for probes; only its shape matters.
@@ -39,7 +38,7 @@ func ProbeIDMappedMount(dir string) (retErr error) {
 	if err := os.WriteFile(filepath.Join(src, "f"), nil, 0o600); err != nil {
 		return err
 	}
-	if err := mountIDMapped(src, target, probeMapping, userns.NewPool(0), new(atomic.Uint64)); err != nil {
+	if err := mountIDMapped(src, target, probeMapping, new(atomic.Uint64)); err != nil {
 		return err
 	}
 	defer func() {
@@ -83,7 +82,7 @@ func ProbeIDMappedOverlay(dir string) (retErr error) {
 			return err
 		}
 	}
-	if err := mountIDMapped(layers, mapped, probeMapping, userns.NewPool(0), new(atomic.Uint64)); err != nil {
+	if err := mountIDMapped(layers, mapped, probeMapping, new(atomic.Uint64)); err != nil {
 		return fmt.Errorf("idmapped mount of the lower layers' parent: %w", err)
 	}
 	defer func() {

@@ -33,22 +33,15 @@ const (
 	// DefaultContainerdAddress is containerd's gRPC socket, whose content
 	// store receives the layers the diff plugin makes.
 	DefaultContainerdAddress = "/run/containerd/containerd.sock"
-	// DefaultUsernsSpares is two: a pod's start and the next pod's find
-	// one ready; a burst of new pods waits for the spawner's next ones.
-	DefaultUsernsSpares = 2
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
-	// DefaultGOMAXPROCS is one: the daemon's work is short calls that
-	// mostly wait on the disk, and its metadata writes are serialised
-	// anyway; a second P only adds thread wakeups per call (see Config).
-	DefaultGOMAXPROCS = 1
+	// DefaultGOMAXPROCS is 0: Go's own choice, which follows the CPUs and
+	// the cgroup CPU limit the daemon runs with.
+	DefaultGOMAXPROCS = 0
 )
 
 // maxGOMAXPROCS bounds gomaxprocs to something a machine may have.
 const maxGOMAXPROCS = 1024
-
-// maxUsernsSpares bounds userns_spares: each spare is a process.
-const maxUsernsSpares = 64
 
 // Config is grouped-snapshotter's configuration file. The in-process plugin
 // ignores Address and the log settings: containerd owns those.
@@ -61,9 +54,9 @@ type Config struct {
 	IDMap string `toml:"idmap"`
 	// MountOptions are extra overlay options for every overlay mount.
 	MountOptions []string `toml:"mount_options"`
-	// UsernsSpares is the number of processes idmap "view" keeps in fresh
-	// user namespaces for the next new mappings.
-	UsernsSpares int `toml:"userns_spares"`
+	// UsernsSpares is deprecated and ignored: the processes it kept are
+	// gone. Accepted for one release, with a warning (Deprecations).
+	UsernsSpares *int `toml:"userns_spares"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
 	// ContainerdAddress is containerd's gRPC socket. The daemon's diff
@@ -74,26 +67,14 @@ type Config struct {
 	// "unix:///path".
 	MetricsAddress string `toml:"metrics_address"`
 	// GOMAXPROCS is the number of threads that run the daemon's Go code at
-	// once; 0 leaves Go's default (the CPUs the daemon may use). A
-	// GOMAXPROCS environment variable wins over it. With more than one,
-	// every call hands work between threads (the socket's reader, the
-	// handler, the response's writer), and each handoff to an idle
-	// thread is a wakeup and a context switch: measured here, one thread
-	// cut a call's round trip from about 0.40 to 0.32 ms and the daemon's
-	// CPU in a 400-layer pull by a tenth. The in-process plugin ignores it:
-	// containerd owns that runtime.
+	// once; 0 leaves Go's default (the CPUs and cgroup CPU limit the daemon
+	// runs with). A GOMAXPROCS environment variable wins over it. The
+	// in-process plugin ignores it: containerd owns that runtime.
 	GOMAXPROCS int `toml:"gomaxprocs"`
-	// SysmonPolling keeps the Go runtime's system monitor polling every
-	// 10 ms while the daemon is idle, instead of sleeping until the first
-	// system call of the next call wakes it and then polling every 20 µs
-	// until the call ends (see internal/sysmon). Measured on a virtual
-	// machine, it cut the daemon's CPU in runs of snapshot calls and pulls
-	// by a quarter to two fifths, and Prepare's and Commit's round
-	// trips by 0.07-0.10 ms, for 100 wakeups a second while idle (0.35%
-	// of one CPU there). The daemon sets it by executing itself again at
-	// start with GODEBUG=schedtrace=2147483647; a GODEBUG that sets
-	// schedtrace wins. The in-process plugin ignores it.
-	SysmonPolling bool `toml:"sysmon_polling"`
+	// SysmonPolling is deprecated and ignored: the daemon no longer
+	// re-executes itself to tune Go's runtime. Accepted for one release,
+	// with a warning (Deprecations).
+	SysmonPolling *bool `toml:"sysmon_polling"`
 }
 
 // DefaultConfig returns the built-in defaults, used when no file exists.
@@ -103,10 +84,8 @@ func DefaultConfig() Config {
 		Address:           DefaultAddress,
 		ContainerdAddress: DefaultContainerdAddress,
 		IDMap:             string(snapshot.IDMapMappedParent),
-		UsernsSpares:      DefaultUsernsSpares,
 		LogLevel:          "info",
 		GOMAXPROCS:        DefaultGOMAXPROCS,
-		SysmonPolling:     true,
 	}
 }
 
@@ -149,9 +128,6 @@ func (c Config) Validate() error {
 	if c.ContainerdAddress == "" || c.ContainerdAddress[0] != '/' {
 		return fmt.Errorf("containerd_address %q must be an absolute socket path: %w", c.ContainerdAddress, errdefs.ErrInvalidArgument)
 	}
-	if c.UsernsSpares < 0 || c.UsernsSpares > maxUsernsSpares {
-		return fmt.Errorf("userns_spares %d must be between 0 and %d: %w", c.UsernsSpares, maxUsernsSpares, errdefs.ErrInvalidArgument)
-	}
 	if c.GOMAXPROCS < 0 || c.GOMAXPROCS > maxGOMAXPROCS {
 		return fmt.Errorf("gomaxprocs %d must be between 0 (Go's default) and %d: %w", c.GOMAXPROCS, maxGOMAXPROCS, errdefs.ErrInvalidArgument)
 	}
@@ -170,5 +146,19 @@ func (c Config) Validate() error {
 
 // SnapshotterConfig is the part of Config the snapshotter itself uses.
 func (c Config) SnapshotterConfig() snapshot.Config {
-	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions, UsernsSpares: c.UsernsSpares}
+	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions}
+}
+
+// Deprecations returns a warning for each deprecated key the config sets.
+// They are accepted, and ignored, for one release, so that a config file
+// written for the previous release still starts the daemon.
+func (c Config) Deprecations() []string {
+	var out []string
+	if c.SysmonPolling != nil {
+		out = append(out, "sysmon_polling is deprecated and ignored: the daemon no longer re-executes itself to keep Go's system monitor polling; remove the key, it will be refused in the next release")
+	}
+	if c.UsernsSpares != nil {
+		out = append(out, "userns_spares is deprecated and ignored: user namespaces for mapped parents come from containerd's helper, with no spare processes; remove the key, it will be refused in the next release")
+	}
+	return out
 }

@@ -47,8 +47,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"wrong type", "mount_options = \"index=on\"\n", []string{"mount_options", "line 1"}},
 		{"bad idmap", "idmap = \"kernel\"\n", []string{"idmap", "kernel"}},
 		{"relative root", "root_path = \"var/lib\"\n", []string{"root_path", "absolute"}},
-		{"too many spares", "userns_spares = 65\n", []string{"userns_spares", "65"}},
-		{"negative spares", "userns_spares = -1\n", []string{"userns_spares", "-1"}},
+		{"deprecated key of the wrong type", "sysmon_polling = 1\n", []string{"sysmon_polling", "line 1"}},
 		{"negative gomaxprocs", "gomaxprocs = -1\n", []string{"gomaxprocs", "-1"}},
 		{"too many gomaxprocs", "gomaxprocs = 100000\n", []string{"gomaxprocs", "100000"}},
 		{"relative containerd address", "containerd_address = \"containerd.sock\"\n", []string{"containerd_address", "absolute"}},
@@ -88,5 +87,29 @@ func TestImportRegistersNothing(t *testing.T) {
 		if r.ID == Name {
 			t.Errorf("importing package plugin registered %s %q", r.Type, r.ID)
 		}
+	}
+}
+
+// TestDeprecatedKeysAccepted: a config written for the previous release,
+// with sysmon_polling and userns_spares, still loads, and each key gets its
+// warning; a config without them gets none.
+func TestDeprecatedKeysAccepted(t *testing.T) {
+	cfg, err := LoadConfig(writeConfig(t, "sysmon_polling = true\nuserns_spares = 2\n"))
+	if err != nil {
+		t.Fatalf("config of the previous release refused: %v", err)
+	}
+	warnings := cfg.Deprecations()
+	if len(warnings) != 2 || !strings.Contains(warnings[0], "sysmon_polling") || !strings.Contains(warnings[1], "userns_spares") {
+		t.Errorf("deprecation warnings %q, want one for sysmon_polling and one for userns_spares", warnings)
+	}
+	cfg, err = LoadConfig(writeConfig(t, "sysmon_polling = false\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := cfg.Deprecations(); len(w) != 1 {
+		t.Errorf("sysmon_polling = false: warnings %q, want one", w)
+	}
+	if w := DefaultConfig().Deprecations(); len(w) != 0 {
+		t.Errorf("default config: warnings %q, want none", w)
 	}
 }

@@ -3,7 +3,6 @@ package snapshot
 import (
 	"context"
 	"sort"
-	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
@@ -20,8 +19,7 @@ type MappedParentInfo struct {
 	Users int `json:"users"`
 	// Path is where the mapped parent is mounted when in use.
 	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now (mapped parents are made
-	// lazily).
+	// Mounted tells whether a mount is at Path now.
 	Mounted bool `json:"mounted"`
 }
 
@@ -36,15 +34,11 @@ func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, er
 		return views.ForEachBucket(func(k []byte) error {
 			mb := views.Bucket(k)
 			info := MappedParentInfo{Name: string(mb.Get(keyName))}
-			// The registry key is the mapping's canonical "uid=... gid=..."
-			// form.
-			for _, part := range strings.Fields(string(k)) {
-				if v, ok := strings.CutPrefix(part, "uid="); ok {
-					info.UIDMap = v
-				} else if v, ok := strings.CutPrefix(part, "gid="); ok {
-					info.GIDMap = v
-				}
+			m, err := mappingOfKey(string(k))
+			if err != nil {
+				return err
 			}
+			info.UIDMap, info.GIDMap = m.UIDLabelValue(), m.GIDLabelValue()
 			if users := mb.Bucket(bucketUsers); users != nil {
 				info.Users = users.Stats().KeyN
 			}

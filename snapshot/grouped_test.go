@@ -408,3 +408,13 @@ func TestSecondSnapshotterOnSameRootRefused(t *testing.T) {
 func testContext() context.Context {
 	return namespaces.WithNamespace(context.Background(), "test")
 }
+
+// closeAndUnmount closes sn and unmounts what it mounted (its mapped
+// parents' directory), so the filesystem under it can be unmounted.
+func closeAndUnmount(t *testing.T, sn *Snapshotter) {
+	t.Helper()
+	sn.Close()
+	if err := sn.UnmountMappedParents(); err != nil {
+		t.Error(err)
+	}
+}

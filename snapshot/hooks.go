@@ -4,20 +4,19 @@ package snapshot
 // tests replay the interleavings that matter deterministically. They are
 // nil outside tests.
 var testHooks struct {
-	// mountsBeforeMappedParent runs in Mounts after it has read the snapshot and
-	// its mapped-parent name, before it touches the mapped parent.
-	mountsBeforeMappedParent func()
+	// mountsAfterRead runs in Mounts after its read transaction, before it
+	// builds the mount from what it read.
+	mountsAfterRead func()
 	// createInTx runs inside create's write transaction after the
-	// snapshot's directories are made; an error fails the creation.
+	// snapshot's directories are in place; an error fails the creation.
 	createInTx func() error
 	// createFailed runs in create after a failed creation's transaction
 	// has ended.
 	createFailed func()
-	// makeMappedParent runs in a first use before its mapped parent is
-	// made, beside the registering transaction; an error stands for the
-	// kernel's.
+	// makeMappedParent runs in a creation before it mounts its mapping's
+	// mapped parent; an error stands for the kernel's.
 	makeMappedParent func() error
-	// orphansListed runs in RemoveOrphans once the orphans are known,
-	// before any is removed.
+	// orphansListed runs in RemoveOrphans once the orphans are moved out of
+	// place, before any is removed.
 	orphansListed func()
 }

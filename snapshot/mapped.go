@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/storage"
@@ -25,11 +26,11 @@ import (
 //	grouped.v1/views/<mapping>/name         short name of the view under v/
 //	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use the view
 //
-// A mapped-parent name is never given to another mapping (format 2): a caller that
-// read a name and acts on it later (mounting the mapped parent, say) can at worst
-// act for a mapping that has meanwhile lost its mapped parent, never for another
-// mapping. Who may touch the mount at a name is settled under that name's
-// lock against the registry, in settleMappedParent.
+// A mapped-parent name is never given to another mapping (format 2), so the
+// lock of a mapping (lockMapping) covers its name too: every change of a
+// mapping's entry and of the mount at its name happens under it, and a caller
+// that read a name without the lock (Mounts) can at worst hold the name of a
+// mapped parent that has meanwhile gone, never another mapping's.
 var (
 	bucketGrouped = []byte("grouped.v1")
 	bucketMapped  = []byte("views")
@@ -57,18 +58,13 @@ func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx con
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return &commitError{err: err}
+		// Nothing of it is stored, and its snapshot IDs are free again:
+		// directories it renamed into place are orphans now, which the next
+		// creation of the same ID or Cleanup removes.
+		return fmt.Errorf("commit metadata: %w", err)
 	}
 	return nil
 }
-
-// commitError is a transaction whose fn succeeded but whose commit failed
-// (a full disk, say): nothing of it is stored, and its snapshot IDs are free
-// again.
-type commitError struct{ err error }
-
-func (e *commitError) Error() string { return "commit metadata: " + e.err.Error() }
-func (e *commitError) Unwrap() error { return e.err }
 
 func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	if !create {
@@ -84,14 +80,10 @@ func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	return g.CreateBucketIfNotExists(bucketMapped)
 }
 
-// errMappedChanged says that the registry no longer holds what a caller
-// prepared a mapped parent for outside the transaction: the caller starts over.
-var errMappedChanged = errors.New("mapped-parent registry changed meanwhile")
-
 // useMappedParent records that snapshot id uses the mapped-parent name of m.
 // name is the mapping's registered mapped parent, or, when isNew, a name never
-// handed out before whose mapped parent the caller has mounted for m, which m
-// gets if it still has no mapped parent. Anything else is errMappedChanged.
+// handed out before whose mapped parent the caller has mounted for m. The
+// caller holds m's lock, so anything else is a broken invariant.
 func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
 	views, err := mappedBucket(tx, true)
 	if err != nil {
@@ -101,7 +93,7 @@ func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool)
 	mb := views.Bucket(key)
 	switch {
 	case (mb == nil) != isNew:
-		return errMappedChanged
+		return fmt.Errorf("mapped parent of %s changed although its lock was held (new name %v): %w", m, isNew, errdefs.ErrFailedPrecondition)
 	case mb == nil:
 		if _, taken := registeredMappedParents(tx)[name]; taken {
 			// Reserved names are unique; this is a broken invariant, and
@@ -118,7 +110,7 @@ func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool)
 			return err
 		}
 	case string(mb.Get(keyName)) != name:
-		return errMappedChanged
+		return fmt.Errorf("mapped parent of %s is %q, not %q, although its lock was held: %w", m, mb.Get(keyName), name, errdefs.ErrFailedPrecondition)
 	}
 	users, err := mb.CreateBucketIfNotExists(bucketUsers)
 	if err != nil {
@@ -182,11 +174,31 @@ func raiseNextMapped(tx *bolt.Tx, name string) error {
 	return g.Put(keyNextMapped, b[:])
 }
 
-// releaseMappedParents drops snapshot id from every mapped parent's users and
-// returns the names of mapped parents left without users, whose registry
-// entries are deleted.
-func releaseMappedParents(tx *bolt.Tx, id string) ([]string, error) {
-	return pruneMappedParents(tx, func(user string) bool { return user == id })
+// releaseMappedParent drops snapshot id from the users of m's mapped parent
+// (nil m: none) and returns its name if it is left without users; its
+// registry entry is then deleted. The caller holds m's lock and unmounts it
+// once the transaction has committed.
+func releaseMappedParent(tx *bolt.Tx, m *idmap.Mapping, id string) (string, error) {
+	views, err := mappedBucket(tx, false)
+	if m == nil || views == nil || err != nil {
+		return "", err
+	}
+	key := []byte(m.String())
+	mb := views.Bucket(key)
+	if mb == nil {
+		return "", nil
+	}
+	users := mb.Bucket(bucketUsers)
+	if users != nil {
+		if err := users.Delete([]byte(id)); err != nil {
+			return "", err
+		}
+		if k, _ := users.Cursor().First(); k != nil {
+			return "", nil
+		}
+	}
+	name := string(mb.Get(keyName))
+	return name, views.DeleteBucket(key)
 }
 
 // pruneMappedParents removes the users for which drop is true and returns the
@@ -253,10 +265,14 @@ func registeredMappedParents(tx *bolt.Tx) map[string]string {
 	return out
 }
 
-// reconcileMappedParents runs at start: it drops registry users whose snapshot
-// no longer exists or is committed, and unmounts mapped parents no snapshot
-// uses. It returns the names of the mapped parents it unmounted. Mapped
-// parents in use are left as they are and verified when next needed.
+// reconcileMappedParents runs at start, before anything is served. In one
+// transaction it drops registry users whose snapshot no longer exists or is
+// committed, and registers the snapshots in use that have no mapped parent
+// (made in shim mode before a switch to mapped parents), giving a mapping
+// without one a new name. Then it mounts every registered mapped parent
+// (after a reboot, none is) and unmounts whatever else is under v/: mapped
+// parents without users, and new ones a crash left unregistered. It returns
+// the names it unmounted.
 func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, error) {
 	var registered map[string]string
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
@@ -264,13 +280,41 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, err
 		if err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
-		active := map[string]bool{}
+		inUse := map[string]bool{}
 		for id, key := range ids {
-			if _, info, _, err := storage.GetInfo(ctx, key); err == nil && info.Kind != snapshots.KindCommitted {
-				active[id] = true
+			_, info, _, err := storage.GetInfo(ctx, key)
+			if err != nil {
+				return err
 			}
+			if info.Kind == snapshots.KindCommitted {
+				continue
+			}
+			snap, err := storage.GetSnapshot(ctx, key)
+			if err != nil {
+				return err
+			}
+			m, err := idmap.FromLabels(info.Labels)
+			if err != nil {
+				return fmt.Errorf("snapshot %q: %w", key, err)
+			}
+			if !s.needsMappedParent(snap, m) {
+				continue
+			}
+			inUse[id] = true
+			name, isUser := mappedParentOf(tx, m, id)
+			if isUser {
+				continue
+			}
+			isNew := name == ""
+			if isNew {
+				name = strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
+			}
+			if err := useMappedParent(tx, m, id, name, isNew); err != nil {
+				return fmt.Errorf("register snapshot %q with its mapped parent: %w", key, err)
+			}
+			log.G(ctx).WithField("key", key).WithField("view", name).Info("registered a snapshot made in shim mode with its mapped parent")
 		}
-		freed, err := pruneMappedParents(tx, func(user string) bool { return !active[user] })
+		freed, err := pruneMappedParents(tx, func(user string) bool { return !inUse[user] })
 		if err != nil {
 			return err
 		}
@@ -282,6 +326,15 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile mapped parents: %w", err)
+	}
+	for name, key := range registered {
+		m, err := mappingOfKey(key)
+		if err != nil {
+			return nil, fmt.Errorf("mapped parent %q: %w", name, err)
+		}
+		if err := s.mapped.Ensure(name, m); err != nil {
+			return nil, err
+		}
 	}
 	names, err := s.mapped.Names()
 	if err != nil {
@@ -299,4 +352,22 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, err
 		removed = append(removed, name)
 	}
 	return removed, nil
+}
+
+// mappingOfKey parses a registry key, a mapping's canonical
+// "uid=<ranges> gid=<ranges>" form (idmap.Mapping.String).
+func mappingOfKey(key string) (*idmap.Mapping, error) {
+	labels := map[string]string{}
+	for _, part := range strings.Fields(key) {
+		if v, ok := strings.CutPrefix(part, "uid="); ok {
+			labels[idmap.UIDLabel] = v
+		} else if v, ok := strings.CutPrefix(part, "gid="); ok {
+			labels[idmap.GIDLabel] = v
+		}
+	}
+	m, err := idmap.FromLabels(labels)
+	if err == nil && (m == nil || m.String() != key) {
+		err = fmt.Errorf("registry key %q is not a mapping: %w", key, errdefs.ErrDataLoss)
+	}
+	return m, err
 }

@@ -23,7 +23,7 @@ import (
 
 func resetHooks(t *testing.T) {
 	t.Cleanup(func() {
-		testHooks.mountsBeforeMappedParent = nil
+		testHooks.mountsAfterRead = nil
 		testHooks.createInTx = nil
 		testHooks.createFailed = nil
 		testHooks.orphansListed = nil
@@ -32,10 +32,9 @@ func resetHooks(t *testing.T) {
 }
 
 // TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads
-// its mapped parent's name; before it makes sure the mapped parent is mounted,
-// the snapshot (its mapping's last user) is removed and a snapshot of another
-// mapping is prepared. The other mapping's mapped parent must keep its own
-// mapping.
+// its mapped parent's name; before it builds the mount, the snapshot (its
+// mapping's last user) is removed and a snapshot of another mapping is
+// prepared. The other mapping's mapped parent must keep its own mapping.
 func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 	sn, ctx := newSnapshotter(t)
 	resetHooks(t)
@@ -44,8 +43,8 @@ func TestMountsNeverServesAnotherMappingsMappedParent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b []mount.Mount
-	testHooks.mountsBeforeMappedParent = func() {
-		testHooks.mountsBeforeMappedParent = nil
+	testHooks.mountsAfterRead = func() {
+		testHooks.mountsAfterRead = nil
 		if err := sn.Remove(ctx, "a"); err != nil {
 			t.Error(err)
 		}
@@ -153,30 +152,73 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 	}
 }
 
-// TestMountsNeverRegistersRemovedSnapshot: a snapshot made in shim mode is
-// registered with its mapped parent at its first Mounts in mapped-parent mode;
-// if it is removed in between, nothing may be registered or mounted for it.
-func TestMountsNeverRegistersRemovedSnapshot(t *testing.T) {
-	resetHooks(t)
+// TestStartRegistersShimMadeSnapshots: a snapshot made in shim mode is
+// registered with a mapped parent, mounted, when the root is opened in
+// mapped-parent mode, and Mounts (which only reads) then serves its layers
+// through that mapping.
+func TestStartRegistersShimMadeSnapshots(t *testing.T) {
 	sn, ctx := shimMadeThenMapped(t)
-	testHooks.mountsBeforeMappedParent = func() {
-		testHooks.mountsBeforeMappedParent = nil
-		if err := sn.Remove(ctx, "a"); err != nil {
-			t.Error(err)
-		}
+	views, err := sn.MappedParents(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := sn.Mounts(ctx, "a"); err != nil && !errdefs.IsNotFound(err) {
-		t.Errorf("mounts of a snapshot removed meanwhile: %v, want success or NotFound", err)
+	if len(views) != 1 || views[0].Users != 1 || !views[0].Mounted || views[0].UIDMap != "0:100000:65536" {
+		t.Fatalf("mapped parents after the start: %+v, want one for 0:100000:65536, mounted, with one user", views)
+	}
+	m, err := sn.Mounts(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowers := lowerdirs(t, m[0])
+	if filepath.Dir(lowers[0]) != views[0].Path {
+		t.Errorf("a's lowerdirs %v are not under its mapped parent %s", lowers, views[0].Path)
+	}
+	if got := fileOwner(t, filepath.Join(lowers[0], "f002")); got != 100000 {
+		t.Errorf("a reads its layers as uid %d, want 100000", got)
+	}
+}
+
+// TestRemoveWaitsForFirstUseOfItsMapping: a creation has read that its
+// mapping has a mapped parent (another snapshot's), and before it registers
+// itself, that other snapshot, the mapping's last user, is removed. The
+// removal must wait for the mapping's lock, so the creation registers with
+// a mapped parent that stays mounted, instead of one that the removal
+// unmounts under it.
+func TestRemoveWaitsForFirstUseOfItsMapping(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "a", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	removed := make(chan error, 1)
+	testHooks.makeMappedParent = func() error {
+		testHooks.makeMappedParent = nil
+		go func() { removed <- sn.Remove(ctx, "a") }()
+		select {
+		case err := <-removed:
+			removed <- err
+			t.Error("Remove of the mapping's last user did not wait for the creation holding the mapping's lock")
+		case <-time.After(300 * time.Millisecond):
+		}
+		return nil
+	}
+	b, err := sn.Prepare(ctx, "b", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-removed; err != nil {
+		t.Fatal(err)
 	}
 	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(views) != 0 {
-		t.Errorf("mapped parents registered for a removed snapshot: %+v", views)
+	if len(views) != 1 || views[0].Users != 1 || !views[0].Mounted {
+		t.Fatalf("mapped parents after the removal: %+v, want b's, mounted, with one user", views)
 	}
-	if got := mappedMounts(t, sn); len(got) != 0 {
-		t.Errorf("mapped parents mounted for a removed snapshot: %v", got)
+	if got := fileOwner(t, filepath.Join(lowerdirs(t, b[0])[0], "f002")); got != 100000 {
+		t.Errorf("b reads its layers as uid %d, want 100000", got)
 	}
 }
 
@@ -270,10 +312,10 @@ func TestConcurrentFirstUsesMakeOneMappedParent(t *testing.T) {
 	}
 }
 
-// A first use makes its mapped parent while its transaction commits. When
-// the kernel refuses the mapped parent after that commit, the call fails
-// and leaves what a call that never ran leaves: no snapshot, no registry
-// entry, no mount, no directory. The same call then succeeds.
+// A first use makes its mapped parent before its transaction. When the
+// kernel refuses the mapped parent, the call fails and leaves what a call
+// that never ran leaves: no snapshot, no registry entry, no mount, no
+// directory. The same call then succeeds.
 func TestFirstUseMountFailureLeavesNothing(t *testing.T) {
 	resetHooks(t)
 	sn, ctx := newSnapshotter(t)
@@ -294,8 +336,6 @@ func TestFirstUseMountFailureLeavesNothing(t *testing.T) {
 	if got := mappedMounts(t, sn); len(got) != 0 {
 		t.Errorf("mapped parents mounted after the failure: %v", got)
 	}
-	// The new snapshot took the top layer's spare work directory (see
-	// reuseWorkDir), which its removal removed: nothing may be new.
 	for _, p := range listTree(t, sn.Root()) {
 		if !slices.Contains(before, p) {
 			t.Errorf("the failed first use left %s behind (before: %v)", p, before)
@@ -312,16 +352,22 @@ func TestFirstUseMountFailureLeavesNothing(t *testing.T) {
 	}
 }
 
-// The same, for a snapshot made in shim mode that Mounts registers as a
-// mapped parent's user after the switch to mapped parents: the failed call
-// leaves the snapshot as it was, unregistered.
-func TestMountsFirstUseMountFailureUnregisters(t *testing.T) {
+// A first use whose transaction fails after its new mapped parent was
+// mounted unmounts it again, and leaves nothing on disk.
+func TestFirstUseTransactionFailureUnmounts(t *testing.T) {
 	resetHooks(t)
-	sn, ctx := shimMadeThenMapped(t)
-	refused := errors.New("open_tree: refused by the test")
-	testHooks.makeMappedParent = func() error { return refused }
-	if _, err := sn.Mounts(ctx, "a"); !errors.Is(err, refused) {
-		t.Fatalf("Mounts with the mapped parent refused: %v, want the refusal", err)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	before := listTree(t, sn.Root())
+	injected := errors.New("injected failure")
+	testHooks.createInTx = func() error {
+		if got := mappedMounts(t, sn); len(got) != 1 {
+			t.Errorf("mapped parents mounted inside the first use's transaction: %v, want the new one", got)
+		}
+		return injected
+	}
+	if _, err := sn.Prepare(ctx, "a", top, remap("100000")); !errors.Is(err, injected) {
+		t.Fatalf("Prepare with its transaction failing: %v, want the injected failure", err)
 	}
 	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 0 {
 		t.Errorf("mapped parents registered after the failure: %+v, %v", views, err)
@@ -329,21 +375,16 @@ func TestMountsFirstUseMountFailureUnregisters(t *testing.T) {
 	if got := mappedMounts(t, sn); len(got) != 0 {
 		t.Errorf("mapped parents mounted after the failure: %v", got)
 	}
-	if entries, err := os.ReadDir(sn.MappedParentsDir()); err != nil || len(entries) != 0 {
-		t.Errorf("mapped-parents directory after the failure: %v, %v; want empty", entries, err)
-	}
-	testHooks.makeMappedParent = nil
-	if _, err := sn.Mounts(ctx, "a"); err != nil {
-		t.Fatalf("Mounts again: %v", err)
-	}
-	if views, err := sn.MappedParents(ctx); err != nil || len(views) != 1 || views[0].Users != 1 || !views[0].Mounted {
-		t.Errorf("mapped parents after Mounts succeeded: %+v, %v; want one, mounted, with one user", views, err)
+	for _, p := range listTree(t, sn.Root()) {
+		if !slices.Contains(before, p) {
+			t.Errorf("the failed first use left %s behind (before: %v)", p, before)
+		}
 	}
 }
 
 // shimMadeThenMapped makes active snapshot "a", remapped, on two layers in
-// shim mode, and returns the same root opened in mapped-parent mode: "a"
-// has no mapped parent yet, and its next Mounts registers it as a user.
+// shim mode, and returns the same root opened in mapped-parent mode, whose
+// start registered "a" with a mapped parent.
 func shimMadeThenMapped(t *testing.T) (*Snapshotter, context.Context) {
 	t.Helper()
 	requireRoot(t)

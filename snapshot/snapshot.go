@@ -7,8 +7,8 @@
 //	metadata.db  containerd's snapshot MetaStore (bbolt)
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
-//	t/           temporary directories of snapshots being created by
-//	             earlier releases; only cleaned up now
+//	t/           new snapshots' directories before their transaction
+//	             renames them into l/ and w/, and orphans being removed
 //	v/<n>        mapped parents: read-only idmapped mounts of l/, one per UID/GID mapping
 //	             in use (idmap mode "view"); v/ is a private bind mount
 //
@@ -36,11 +36,12 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/moby/locker"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
-	"github.com/grouped-snapshotter/grouped-snapshotter/internal/keyedmutex"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
@@ -80,10 +81,6 @@ type Config struct {
 	IDMap IDMapMode
 	// MountOptions are added to every overlay mount's data.
 	MountOptions []string
-	// UsernsSpares is the number of processes mapped-parent mode keeps in
-	// fresh user namespaces, so that a new mapping's mapped parent costs no
-	// fork (see package userns); 0 forks at every new mapping.
-	UsernsSpares int
 }
 
 // Snapshotter is grouped-snapshotter's snapshots.Snapshotter.
@@ -97,10 +94,12 @@ type Snapshotter struct {
 	// nextMapped is the next mapped-parent name (base 36) this process hands
 	// out; names are never handed out twice (see mapped.go).
 	nextMapped atomic.Uint64
-	// mappingLocks serialise the first uses of each mapping.
-	mappingLocks keyedmutex.Mutexes
-	// spareWork are committed snapshots' work directories, for reuse.
-	spareWork spareWorkDirs
+	// mappingLocks hold, per mapping, every change of its registry entry
+	// and of its mapped parent's mount (see lockMapping).
+	mappingLocks *locker.Locker
+	// tempMu is held shared by a creation from its temporary directory to
+	// its transaction's end, and exclusively by Cleanup while it lists t/.
+	tempMu sync.RWMutex
 
 	closeOnce sync.Once
 	closeErr  error
@@ -152,15 +151,6 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
 		return nil, err
 	}
-	for _, dir := range []string{layersDir, worksDir} {
-		// Only the speed of making snapshots depends on it (see markTopDir).
-		path := filepath.Join(root, dir)
-		if marked, err := markTopDir(path); err != nil {
-			log.L.WithError(err).Warn("snapshot directories may be slow to create on ext4 without a journal")
-		} else if !marked {
-			log.L.WithField("path", path).Debug("filesystem has no top-directory attribute (chattr +T)")
-		}
-	}
 	dbPath := filepath.Join(root, dbFile)
 	ms, err := storage.NewMetaStore(dbPath, func(o *bolt.Options) error {
 		// bbolt waits forever for the file lock another daemon holds.
@@ -174,7 +164,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if !hasOption(options, "index") && supportsIndex() {
 		options = append(options, "index=off")
 	}
-	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options}
+	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options, mappingLocks: locker.New()}
 	// The MetaStore opens its file lazily; open it now so a locked or
 	// corrupted file stops the daemon at start with a clear message, and is
 	// never rewritten. A newer build's metadata is refused here too, before
@@ -195,7 +185,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
 	if cfg.IDMap == IDMapMappedParent {
-		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir), cfg.UsernsSpares); err != nil {
+		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir)); err != nil {
 			ms.Close()
 			return nil, err
 		}
@@ -369,31 +359,14 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 	return m, nil
 }
 
-// Mounts returns the mount of an active or view snapshot. In view mode it
-// makes the mapping's mapped parent if it is missing (after a reboot, say).
+// Mounts returns the mount of an active or view snapshot. It only reads:
+// the mapped parents of snapshots in use are mounted when they are made, and
+// again at every start (reconcile).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
-	for attempt := 0; ; attempt++ {
-		m, err := s.mountsOnce(ctx, key)
-		if errors.Is(err, errMappedChanged) && attempt < maxMappedAttempts {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("mounts of %q: %w", key, err)
-		}
-		return m, nil
-	}
-}
-
-// maxMappedAttempts bounds how often a call starts over because the mapped
-// parent registry changed under it; each change is another call's progress.
-const maxMappedAttempts = 100
-
-func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount, error) {
 	var (
 		snap       storage.Snapshot
 		mapping    *idmap.Mapping
 		mappedName string
-		isUser     bool
 	)
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
@@ -407,234 +380,89 @@ func (s *Snapshotter) mountsOnce(ctx context.Context, key string) ([]mount.Mount
 			return err
 		}
 		if s.needsMappedParent(snap, mapping) {
-			mappedName, isUser = mappedParentOf(tx, mapping, snap.ID)
+			var isUser bool
+			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
+				// reconcile registers every snapshot in use at start.
+				return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
+			}
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	if testHooks.mountsBeforeMappedParent != nil {
-		testHooks.mountsBeforeMappedParent()
-	}
-	if s.needsMappedParent(snap, mapping) && !isUser {
-		// Made in shim mode, before the switch to mapped parents: register it
-		// now, if it still exists.
-		mappedName, err = s.withMappedParent(ctx, mapping, func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error {
-			now, err := storage.GetSnapshot(ctx, key)
-			if err != nil {
-				return err
-			}
-			if now.ID != snap.ID {
-				return fmt.Errorf("snapshot was replaced meanwhile: %w", errMappedChanged)
-			}
-			if err := useMappedParent(tx, mapping, snap.ID, name, isNew); err != nil {
-				return fmt.Errorf("register mapped parent: %w", err)
-			}
-			return nil
-		}, func(ctx context.Context) error { return s.releaseUser(ctx, snap.ID) })
-		if err != nil {
-			return nil, err
+	if err == nil {
+		if testHooks.mountsAfterRead != nil {
+			testHooks.mountsAfterRead()
 		}
-	} else if mappedName != "" {
-		registered, err := s.settleMappedParent(ctx, mappedName, mapping)
-		if err != nil {
-			return nil, err
-		}
-		if !registered {
-			// The mapping's last user is gone: so is this snapshot, unless it
-			// was removed and made again, which the next attempt sees.
-			return nil, fmt.Errorf("mapped parent %q: %w", mappedName, errMappedChanged)
+		var m []mount.Mount
+		if m, err = s.mounts(snap, mapping, mappedName); err == nil {
+			return m, nil
 		}
 	}
-	return s.mounts(snap, mapping, mappedName)
+	return nil, fmt.Errorf("mounts of %q: %w", key, err)
 }
 
-// settleMappedParent makes what is mounted at mapped-parent name agree with
-// the registry, under the name's lock: the mapped parent of m is mounted (made
-// if missing) when the registry gives name to m, and nothing is mounted there
-// otherwise. It reports whether name is m's mapped parent. Reading the
-// registry after taking the lock orders this call against a removal's unmount
-// (done under the lock after its commit), so a mapped parent is never left
-// mounted for a mapping that has lost it, nor unmounted under a mapping that
-// holds it.
-func (s *Snapshotter) settleMappedParent(ctx context.Context, name string, m *idmap.Mapping) (registered bool, err error) {
-	unlock := s.mapped.Lock(name)
-	defer unlock()
-	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		registered = registeredMappedParents(tx)[name] == m.String()
-		return nil
-	})
-	if err != nil {
-		return false, err
-	}
-	if registered {
-		return true, s.mapped.EnsureLocked(name, m)
-	}
-	return false, s.mapped.RemoveLocked(name)
-}
-
-// dropMappedParent unmounts mapped-parent name once the registry no longer has
-// it.
-func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
-	unlock := s.mapped.Lock(name)
-	defer unlock()
-	var registered bool
-	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		_, registered = registeredMappedParents(tx)[name]
-		return nil
-	})
-	if err == nil && !registered {
-		err = s.mapped.RemoveLocked(name)
-		if err == nil {
-			log.G(ctx).WithField("view", name).Debug("removed view: its last snapshot is gone")
-		}
-	}
-	if err != nil {
-		// Reconciliation at the next start removes it.
-		log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused view")
-	}
-}
-
-// withMappedParent runs register in a write transaction with the name of m's
-// mapped parent, and returns once that mapped parent is mounted: the
-// registered one, or a new one made for it beside the transaction (see
-// firstUse), so that no kernel work holds every other writer up. First uses
-// of one mapping are serialised by a lock per mapping, so they make one
-// mapped parent between them. isNew tells register that name is new, for m to
-// take if it still has no mapped parent. register returns errMappedChanged
-// (wrapped or not) when the registry changed since the name was chosen;
-// withMappedParent then starts over, and a mapped parent it made goes. undo
-// reverses what register committed, for a new mapped parent that could not
-// be made. It returns the name used.
-func (s *Snapshotter) withMappedParent(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error, undo func(ctx context.Context) error) (string, error) {
-	for attempt := 0; ; attempt++ {
-		name, err := s.mappedName(ctx, m)
-		if err != nil {
-			return "", err
-		}
-		if name == "" {
-			name, err = s.firstUse(ctx, m, register, undo)
-		} else {
-			err = s.useExisting(ctx, name, m, register)
-		}
-		if err == nil {
-			return name, nil
-		}
-		if !errors.Is(err, errMappedChanged) || attempt >= maxMappedAttempts {
-			return "", err
-		}
-	}
-}
-
-// mappedName returns the registered mapped-parent name of m, "" if none.
-func (s *Snapshotter) mappedName(ctx context.Context, m *idmap.Mapping) (name string, err error) {
-	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
-		name, _ = mappedParentOf(tx, m, "")
-		return nil
-	})
-	return name, err
-}
-
-// firstUse makes a mapped parent of m under a new name and registers it through
-// register, holding m's lock throughout.
-//
-// The kernel work (a user namespace with m, the idmapped mount) runs beside
-// register's transaction, under the name's lock, never inside it, so that
-// no other writer waits for it; it needs none of the transaction's results.
-// With the daemon's one Go thread and a polling monitor (sysmon_polling) it
-// mostly runs once the commit's fdatasync returns rather than during it:
-// measured on one machine, that overlap had saved nothing anyway. Nobody uses the mapped parent before it is
-// mounted: a call that finds the new name registered settles it under that
-// lock first (settleMappedParent). If the mount fails once register has
-// committed, undo reverses the registration; the mapped parent then goes
-// with its last user, as always.
-func (s *Snapshotter) firstUse(ctx context.Context, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error, undo func(ctx context.Context) error) (string, error) {
-	unlock := s.mappingLocks.Lock(m.String())
-	defer unlock()
-	// Another first use may have registered m's mapped parent while this one
-	// waited.
-	if name, err := s.mappedName(ctx, m); err != nil || name != "" {
-		if err == nil {
-			err = errMappedChanged
-		}
-		return "", err
-	}
-	name := strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
-	unlockName := s.mapped.Lock(name)
-	mounted := make(chan error, 1)
-	go func() {
-		if testHooks.makeMappedParent != nil {
-			if err := testHooks.makeMappedParent(); err != nil {
-				mounted <- err
-				return
-			}
-		}
-		mounted <- s.mapped.EnsureLocked(name, m)
-	}()
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-		return register(ctx, tx, name, true)
-	})
-	mountErr := <-mounted
-	unlockName()
-	if err != nil {
-		// Never registered: this process alone knows the name.
-		s.dropMappedParent(ctx, name)
-		return "", err
-	}
-	if mountErr != nil {
-		if uerr := undo(ctx); uerr != nil {
-			log.G(ctx).WithError(uerr).WithField("view", name).Error("failed to undo the registration of a mapped parent that could not be made")
-			return "", errors.Join(mountErr, fmt.Errorf("undo its registration: %w", uerr))
-		}
-		return "", mountErr
-	}
-	return name, nil
-}
-
-// releaseUser drops snapshot id from the mapped-parent registry and unmounts
-// the mapped parents it leaves without users.
-func (s *Snapshotter) releaseUser(ctx context.Context, id string) error {
-	var freed []string
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		freed, err = releaseMappedParents(tx, id)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	s.dropMappedParentsAfter(ctx, freed)
-	return nil
-}
-
-// useExisting settles m's registered mapped-parent name and registers through
-// register.
-func (s *Snapshotter) useExisting(ctx context.Context, name string, m *idmap.Mapping, register func(ctx context.Context, tx *bolt.Tx, name string, isNew bool) error) error {
-	if ok, err := s.settleMappedParent(ctx, name, m); err != nil {
-		return err
-	} else if !ok {
-		return errMappedChanged
-	}
-	return s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-		return register(ctx, tx, name, false)
-	})
-}
-
-// needsMappedParent reports whether snap's layers are shown through an idmapped
-// mapped parent: remapped, with layers, in mapped-parent mode.
+// needsMappedParent reports whether snap's layers are shown through an
+// idmapped mapped parent: remapped, with layers, in mapped-parent mode.
 func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
 	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
-// dropMappedParentsAfter unmounts the mapped parents that a committed
-// transaction freed.
-func (s *Snapshotter) dropMappedParentsAfter(ctx context.Context, freed []string) {
-	if s.mapped == nil {
+// lockMapping takes the lock of mapping m, nil for none, and returns its
+// unlock. Every change of m's registry entry and of its mapped parent's
+// mount happens under it: a creation that reads m's mapped-parent name finds
+// it still registered and mounted when its own transaction commits, and a
+// removal unmounts a mapped parent that no creation is about to use.
+func (s *Snapshotter) lockMapping(m *idmap.Mapping) (unlock func()) {
+	if m == nil {
+		return func() {}
+	}
+	key := m.String()
+	s.mappingLocks.Lock(key)
+	return func() { s.mappingLocks.Unlock(key) }
+}
+
+// lockMappingOf reads the mapping of snapshot key and takes its lock. The
+// caller's transaction checks with sameMapping that key still has that
+// mapping: the key may have been removed and made again meanwhile.
+func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (*idmap.Mapping, func(), error) {
+	var m *idmap.Mapping
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		_, info, _, err := storage.GetInfo(ctx, key)
+		if err != nil {
+			return err
+		}
+		m, err = idmap.FromLabels(info.Labels)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, s.lockMapping(m), nil
+}
+
+// sameMapping fails unless labels carry mapping locked (see lockMappingOf).
+func sameMapping(labels map[string]string, locked *idmap.Mapping) error {
+	m, err := idmap.FromLabels(labels)
+	if err != nil {
+		return err
+	}
+	if (m == nil) != (locked == nil) || (m != nil && m.String() != locked.String()) {
+		return fmt.Errorf("snapshot was removed and made again by another call meanwhile: %w", errdefs.ErrAborted)
+	}
+	return nil
+}
+
+// dropMappedParent unmounts mapped-parent name, which a committed transaction
+// left without users; the caller holds its mapping's lock. A failure only
+// leaves an unused mount, which the next start removes.
+func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
+	if s.mapped == nil || name == "" {
 		return
 	}
-	for _, name := range freed {
-		s.dropMappedParent(ctx, name)
+	if err := s.mapped.Remove(name); err != nil {
+		log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused mapped parent; the next start removes it")
+		return
 	}
+	log.G(ctx).WithField("view", name).Debug("removed mapped parent: its last snapshot is gone")
 }
 
 // Commit turns an active snapshot into a committed one named name.
@@ -656,25 +484,36 @@ func (s *Snapshotter) dropMappedParentsAfter(ctx context.Context, freed []string
 // transfer service takes NotImplemented as "try another transferrer" and
 // would replace this message with its own.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
-	if err := checkKey("snapshot name", name); err != nil {
+	if err := s.commit(ctx, name, key, opts); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	return nil
+}
+
+func (s *Snapshotter) commit(ctx context.Context, name, key string, opts []snapshots.Opt) error {
+	if err := checkKey("snapshot name", name); err != nil {
+		return err
 	}
 	var requested snapshots.Info
 	for _, opt := range opts {
 		if err := opt(&requested); err != nil {
-			return fmt.Errorf("commit %q as %q: %w", key, name, err)
+			return err
 		}
 	}
-	var (
-		freed       []string
-		committedID string
-	)
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var freed string
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		id, info, _, err := storage.GetInfo(ctx, key)
 		if err != nil {
 			return err
 		}
-		committedID = id
+		if err := sameMapping(info.Labels, mapping); err != nil {
+			return err
+		}
 		if info.Kind != snapshots.KindActive {
 			return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
 		}
@@ -694,17 +533,14 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
 			return err
 		}
-		// A committed layer is never mounted through a mapped parent. Shim
-		// mode keeps the registry right too, for a later switch to mapped
-		// parents.
-		freed, err = releaseMappedParents(tx, id)
+		// A committed layer is never mounted through a mapped parent.
+		freed, err = releaseMappedParent(tx, mapping, id)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+		return err
 	}
-	s.dropMappedParentsAfter(ctx, freed)
-	s.offerWorkDir(ctx, committedID)
+	s.dropMappedParent(ctx, freed)
 	return nil
 }
 
@@ -712,22 +548,39 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 // and its directories after: a crash in between leaves only orphaned
 // directories, which Cleanup removes, never metadata without files.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
-	var (
-		id    string
-		freed []string
-	)
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+	if err := s.remove(ctx, key); err != nil {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Snapshotter) remove(ctx context.Context, key string) error {
+	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var id, freed string
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
+		_, info, _, err := storage.GetInfo(ctx, key)
+		if err != nil {
+			return err
+		}
+		if err := sameMapping(info.Labels, mapping); err != nil {
+			return err
+		}
 		if id, _, err = storage.Remove(ctx, key); err != nil {
 			return err
 		}
-		freed, err = releaseMappedParents(tx, id)
+		freed, err = releaseMappedParent(tx, mapping, id)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("remove %q: %w", key, err)
+		return err
 	}
-	s.dropMappedParentsAfter(ctx, freed)
-	s.forgetWorkDir(id)
+	s.dropMappedParent(ctx, freed)
+	// A committed removal's ID is never handed out again, so nothing can
+	// take these paths meanwhile.
 	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
 		path, err := dir(id)
 		if err != nil {
@@ -750,16 +603,20 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters .
 
 // Close closes the metadata store. It is safe to call more than once.
 func (s *Snapshotter) Close() error {
-	s.closeOnce.Do(func() {
-		var mappedErr error
-		if s.mapped != nil {
-			mappedErr = s.mapped.Close()
-		}
-		s.closeErr = errors.Join(s.ms.Close(), mappedErr)
-	})
+	s.closeOnce.Do(func() { s.closeErr = s.ms.Close() })
 	return s.closeErr
 }
 
+// create makes a snapshot as containerd's overlay snapshotter does: its
+// directories are made under t/ first, then renamed into l/ and w/ inside
+// the metadata transaction that creates it, so a snapshot's directories
+// exist under their final names only once its ID is taken.
+//
+// A remapped snapshot with layers reads them through its mapping's mapped
+// parent. Under the mapping's lock, create finds the registered mapped
+// parent or mounts a new one, and only then runs the transaction that
+// registers the snapshot as its user; a new mapped parent whose transaction
+// fails is unmounted again. See docs/design.md.
 func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
 	if err := checkKey("key", key); err != nil {
 		return nil, err
@@ -781,19 +638,56 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return nil, err
 	}
 
+	// A view of layers needs no directory of its own; a view of nothing
+	// binds an empty one, as containerd's overlayfs does. Only an overlay
+	// (an active snapshot with a parent) uses a work directory.
+	var temp, upper, work string
+	if kind == snapshots.KindActive || parent == "" {
+		s.tempMu.RLock()
+		defer s.tempMu.RUnlock()
+		if temp, err = os.MkdirTemp(filepath.Join(s.root, tempDir), "new-"); err != nil {
+			return nil, fmt.Errorf("create temporary directory: %w", err)
+		}
+		defer func() {
+			// Empty once its contents were renamed into place.
+			if err := os.RemoveAll(temp); err != nil {
+				log.G(ctx).WithError(err).WithField("path", temp).Warn("failed to remove temporary directory, left for cleanup")
+			}
+		}()
+		upper = filepath.Join(temp, "fs")
+		if err := os.Mkdir(upper, 0o755); err != nil {
+			return nil, fmt.Errorf("create snapshot directory: %w", err)
+		}
+		if kind == snapshots.KindActive && parent != "" {
+			work = filepath.Join(temp, "work")
+			if err := os.Mkdir(work, 0o711); err != nil {
+				return nil, fmt.Errorf("create work directory: %w", err)
+			}
+		}
+	}
+
 	var (
-		result []mount.Mount
-		// madeID and madeDirs are what the last build made, for a commit that
-		// fails after build succeeded.
-		madeID   string
-		madeDirs []string
+		mappedName string
+		isNew      bool
 	)
-	// build runs in the write transaction. It cleans up after itself
-	// before returning an error, while the transaction is still open: its
-	// rollback frees the snapshot's ID, and a creation that takes the ID
-	// next must find nothing of this one, nor lose its own directories to
-	// a late cleanup.
-	build := func(ctx context.Context, tx *bolt.Tx, mappedName string, isNew bool) (err error) {
+	if s.mapped != nil && mapping != nil && parent != "" {
+		unlock := s.lockMapping(mapping)
+		defer unlock()
+		if mappedName, isNew, err = s.mappedParentFor(ctx, mapping); err != nil {
+			return nil, err
+		}
+		if isNew {
+			defer func() {
+				if retErr != nil {
+					// Never registered: this call alone knows the name.
+					s.dropMappedParent(ctx, mappedName)
+				}
+			}()
+		}
+	}
+
+	var result []mount.Mount
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
 		if err != nil {
 			return err
@@ -801,26 +695,22 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
 			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
-		var made []string
-		defer func() {
-			if err == nil {
-				return
-			}
-			for _, dir := range made {
-				if rerr := os.RemoveAll(dir); rerr != nil {
-					log.G(ctx).WithError(rerr).WithField("path", dir).Error("failed to remove directory of a failed snapshot creation, left for cleanup")
-				}
-			}
-		}()
-		// A view of layers needs no directory of its own; a view of nothing
-		// binds an empty one, as containerd's overlayfs does.
-		// Only an overlay (an active snapshot with parents) uses a work
-		// directory; a parentless one is a bind mount.
-		if kind == snapshots.KindActive || len(snap.ParentIDs) == 0 {
-			made, err = s.makeDirs(ctx, snap, mapping, kind == snapshots.KindActive && len(snap.ParentIDs) > 0)
-			if err != nil {
+		if upper != "" {
+			if err := s.chownUpper(upper, snap, mapping); err != nil {
 				return err
 			}
+			var undo func()
+			if undo, err = s.moveIntoPlace(snap.ID, upper, work); err != nil {
+				undo()
+				return err
+			}
+			// Undo before the rollback, while the transaction keeps every
+			// other creation from taking this ID.
+			defer func() {
+				if err != nil {
+					undo()
+				}
+			}()
 		}
 		if testHooks.createInTx != nil {
 			if err := testHooks.createInTx(); err != nil {
@@ -834,26 +724,10 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		}
 		// Build and check the mount now, so a chain the kernel cannot mount
 		// fails here rather than at container start.
-		if result, err = s.mounts(snap, mapping, mappedName); err == nil {
-			madeID, madeDirs = snap.ID, made
-		}
+		result, err = s.mounts(snap, mapping, mappedName)
 		return err
-	}
-	if s.mapped != nil && mapping != nil && parent != "" {
-		// A new mapped parent is made beside the transaction (see
-		// firstUse); its mount failing after build committed, the
-		// snapshot goes again: the caller gets an error and no snapshot.
-		_, err = s.withMappedParent(ctx, mapping, build, func(ctx context.Context) error { return s.Remove(ctx, key) })
-	} else {
-		err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
-			return build(ctx, tx, "", false)
-		})
-	}
+	})
 	if err != nil {
-		var ce *commitError
-		if errors.As(err, &ce) {
-			s.removeUnowned(ctx, madeID, madeDirs)
-		}
 		if testHooks.createFailed != nil {
 			testHooks.createFailed()
 		}
@@ -862,117 +736,108 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	return result, nil
 }
 
-// removeUnowned removes the directories of a creation whose transaction
-// failed to commit, unless snapshot id belongs to someone by now: the
-// failed commit freed the ID, and a concurrent creation may have taken it
-// and made its own directories there. A write transaction, rolled back
-// (the disk may be full), keeps creations out while it checks and removes.
-func (s *Snapshotter) removeUnowned(ctx context.Context, id string, dirs []string) {
-	if len(dirs) == 0 {
-		return
-	}
-	tctx, t, err := s.ms.TransactionContext(ctx, true)
+// mappedParentFor returns the name of m's mapped parent, mounted: the
+// registered one, or a new one (isNew) that the caller registers or drops.
+// The caller holds m's lock.
+func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (name string, isNew bool, err error) {
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+		name, _ = mappedParentOf(tx, m, "")
+		return nil
+	})
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
-		return
+		return "", false, err
 	}
-	defer t.Rollback()
-	ids, err := storage.IDMap(tctx)
-	if err != nil && !errdefs.IsNotFound(err) {
-		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
-		return
+	if name == "" {
+		name, isNew = strconv.FormatUint(s.nextMapped.Add(1)-1, 36), true
 	}
-	if _, taken := ids[id]; taken {
-		return
-	}
-	for _, dir := range dirs {
-		if err := os.RemoveAll(dir); err != nil {
-			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
+	if testHooks.makeMappedParent != nil {
+		if err := testHooks.makeMappedParent(); err != nil {
+			return "", false, err
 		}
 	}
+	if err := s.mapped.Ensure(name, m); err != nil {
+		if isNew {
+			s.dropMappedParent(ctx, name)
+		}
+		return "", false, err
+	}
+	return name, isNew, nil
 }
 
-// makeDirs creates a new snapshot's upper directory (and its work
-// directory when withWork) in place, and returns what it made.
-//
-// No temporary directory and rename are needed: the metadata transaction
-// that the caller commits afterwards is what publishes the directories. A
-// crash before that commit leaves directories no snapshot owns, which
-// Cleanup and the next start remove, and a failure inside the transaction
-// removes them before the rollback. Making them in place saves a pull a
-// temporary directory, two renames and a removal per layer, each among
-// thousands of siblings.
-func (s *Snapshotter) makeDirs(ctx context.Context, snap storage.Snapshot, mapping *idmap.Mapping, withWork bool) (made []string, err error) {
-	layer, err := s.layerPath(snap.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			for _, dir := range made {
-				os.RemoveAll(dir)
-			}
-			made = nil
-		}
-	}()
-	if err := mkdirFresh(layer, 0o755); err != nil {
-		return nil, err
-	}
-	made = append(made, layer)
+// chownUpper gives a new upper directory its owner: the mapped root of a
+// remapped snapshot, or else the owner of the parent layer's root, as
+// containerd's overlayfs does.
+func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *idmap.Mapping) error {
 	uid, gid := -1, -1
 	switch {
 	case mapping != nil:
 		u, g := mapping.Root()
 		uid, gid = int(u), int(g)
 	case len(snap.ParentIDs) > 0:
-		// An upper on top of a layer keeps that layer's root owner, as
-		// containerd's overlayfs does.
 		parentDir, err := s.layerPath(snap.ParentIDs[0])
 		if err != nil {
-			return made, err
+			return err
 		}
 		st, err := os.Stat(parentDir)
 		if err != nil {
-			return made, fmt.Errorf("stat parent layer %q: %w", parentDir, err)
+			return fmt.Errorf("stat parent layer %q: %w", parentDir, err)
 		}
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok && (sys.Uid != 0 || sys.Gid != 0) {
 			uid, gid = int(sys.Uid), int(sys.Gid)
 		}
 	}
-	if uid != -1 {
-		if err := os.Lchown(layer, uid, gid); err != nil {
-			return made, fmt.Errorf("chown upper %q to %d:%d: %w", layer, uid, gid, err)
-		}
+	if uid == -1 {
+		return nil
 	}
-	if withWork {
-		work, err := s.workPath(snap.ID)
-		if err != nil {
-			return made, err
-		}
-		if !s.reuseWorkDir(ctx, work) {
-			if err := mkdirFresh(work, 0o711); err != nil {
-				return made, err
-			}
-		}
-		made = append(made, work)
+	if err := os.Lchown(upper, uid, gid); err != nil {
+		return fmt.Errorf("chown upper %q to %d:%d: %w", upper, uid, gid, err)
 	}
-	return made, nil
+	return nil
 }
 
-// mkdirFresh makes dir with mode perm (umask aside). A directory already
-// there is the leftover of a creation that crashed before its commit with
-// the same ID (IDs of uncommitted transactions are handed out again): it is
-// removed first.
-func mkdirFresh(dir string, perm os.FileMode) error {
-	err := os.Mkdir(dir, perm)
-	if errors.Is(err, os.ErrExist) {
-		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("remove stale %q: %w", dir, err)
+// moveIntoPlace renames a new snapshot's upper (and work directory, if any)
+// to the names of snapshot id, inside the transaction that took id. undo
+// moves back what it moved.
+func (s *Snapshotter) moveIntoPlace(id, upper, work string) (undo func(), err error) {
+	var moved [][2]string
+	undo = func() {
+		for _, m := range moved {
+			if err := os.Rename(m[1], m[0]); err != nil {
+				log.L.WithError(err).WithField("path", m[1]).Warn("failed to move back the directory of a failed creation, left for cleanup")
+			}
 		}
-		err = os.Mkdir(dir, perm)
+	}
+	targets := []func(string) (string, error){s.layerPath, s.workPath}
+	for i, from := range []string{upper, work} {
+		if from == "" {
+			continue
+		}
+		to, err := targets[i](id)
+		if err != nil {
+			return undo, err
+		}
+		if err := renameOverStale(from, to); err != nil {
+			return undo, err
+		}
+		moved = append(moved, [2]string{from, to})
+	}
+	return undo, nil
+}
+
+// renameOverStale renames from to to. Something already at to is the
+// leftover of a creation with the same ID whose transaction never committed
+// (a crash, or a failed commit, hands its ID out again): the caller's
+// transaction holds that ID now, so it is removed first.
+func renameOverStale(from, to string) error {
+	err := os.Rename(from, to)
+	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTDIR) {
+		if err := os.RemoveAll(to); err != nil {
+			return fmt.Errorf("remove stale %q: %w", to, err)
+		}
+		err = os.Rename(from, to)
 	}
 	if err != nil {
-		return fmt.Errorf("create snapshot directory: %w", err)
+		return fmt.Errorf("move new snapshot directory into place: %w", err)
 	}
 	return nil
 }
@@ -1043,35 +908,56 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 // RemoveOrphans removes what Orphans lists and returns the directories it
 // removed, logging each one. It removes all it can and reports every failure.
 //
-// It lists and removes within one write transaction: an orphan's name is a
-// snapshot ID that no committed transaction holds, and a creation could
-// take that ID, and make its directory there, the moment the transaction
-// ended.
+// An orphan under l/ or w/ is named after a snapshot ID that no committed
+// transaction holds, which the next creation may take: it is moved into t/
+// inside a write transaction, which keeps creations out meanwhile, and
+// removed from there outside any transaction, so that a large orphan holds
+// no other call up.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
+	type orphan struct{ path, now string }
 	var (
-		removed []string
+		garbage []orphan
 		errs    []error
 	)
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		orphans, err := s.orphans(ctx)
-		if err != nil {
-			return err
-		}
-		if testHooks.orphansListed != nil {
-			testHooks.orphansListed()
-		}
-		for _, dir := range orphans {
-			if err := os.RemoveAll(dir); err != nil {
-				errs = append(errs, fmt.Errorf("remove orphan %q: %w", dir, err))
-				continue
+	// No creation is between its temporary directory and its transaction's
+	// end while t/ is listed.
+	s.tempMu.Lock()
+	temps, err := s.tempDirs()
+	for _, dir := range temps {
+		garbage = append(garbage, orphan{dir, dir})
+	}
+	if err == nil {
+		err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+			orphans, err := s.ownerless(ctx)
+			if err != nil {
+				return err
 			}
-			log.G(ctx).WithField("path", dir).Info("removed orphaned directory of an interrupted creation or removal")
-			removed = append(removed, dir)
-		}
-		return nil
-	})
+			for _, dir := range orphans {
+				to := filepath.Join(s.root, tempDir, "gc-"+filepath.Base(filepath.Dir(dir))+"-"+filepath.Base(dir))
+				if err := renameOverStale(dir, to); err != nil {
+					errs = append(errs, fmt.Errorf("move orphan %q out of place: %w", dir, err))
+					continue
+				}
+				garbage = append(garbage, orphan{dir, to})
+			}
+			return nil
+		})
+	}
+	s.tempMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
+	}
+	if testHooks.orphansListed != nil {
+		testHooks.orphansListed()
+	}
+	var removed []string
+	for _, o := range garbage {
+		if err := os.RemoveAll(o.now); err != nil {
+			errs = append(errs, fmt.Errorf("remove orphan %q: %w", o.path, err))
+			continue
+		}
+		log.G(ctx).WithField("path", o.path).Info("removed orphaned directory of an interrupted creation or removal")
+		removed = append(removed, o.path)
 	}
 	if len(errs) > 0 {
 		return removed, fmt.Errorf("cleanup: %w", errors.Join(errs...))
@@ -1081,10 +967,15 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 
 // Orphans lists the directories Cleanup would remove.
 func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
-	var orphans []string
-	// A write transaction keeps creations and removals out while scanning.
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		orphans, err = s.orphans(ctx)
+	s.tempMu.Lock()
+	defer s.tempMu.Unlock()
+	orphans, err := s.tempDirs()
+	if err != nil {
+		return nil, err
+	}
+	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		ownerless, err := s.ownerless(ctx)
+		orphans = append(orphans, ownerless...)
 		return err
 	})
 	if err != nil {
@@ -1093,27 +984,40 @@ func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
 	return orphans, nil
 }
 
-// orphans lists, in the caller's write transaction, the directories under
-// l/, w/ and t/ that no snapshot owns.
-func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
+// tempDirs lists t/: temporary directories of creations that are not under
+// way (the caller holds tempMu), and orphans moved there to be removed.
+func (s *Snapshotter) tempDirs() ([]string, error) {
+	parent := filepath.Join(s.root, tempDir)
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", parent, err)
+	}
+	dirs := make([]string, len(entries))
+	for i, e := range entries {
+		dirs[i] = filepath.Join(parent, e.Name())
+	}
+	return dirs, nil
+}
+
+// ownerless lists, in the caller's transaction, the directories under l/ and
+// w/ that no snapshot owns.
+func (s *Snapshotter) ownerless(ctx context.Context) ([]string, error) {
 	ids, err := storage.IDMap(ctx)
 	if err != nil && !errdefs.IsNotFound(err) {
 		// NotFound: a new metadata file, without a snapshot yet.
 		return nil, err
 	}
 	var orphans []string
-	for _, dir := range []string{layersDir, worksDir, tempDir} {
+	for _, dir := range []string{layersDir, worksDir} {
 		parent := filepath.Join(s.root, dir)
 		entries, err := os.ReadDir(parent)
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w", parent, err)
 		}
 		for _, e := range entries {
-			if dir != tempDir {
-				if id, ok := idOfDirName(e.Name()); ok {
-					if _, live := ids[id]; live {
-						continue
-					}
+			if id, ok := idOfDirName(e.Name()); ok {
+				if _, live := ids[id]; live {
+					continue
 				}
 			}
 			orphans = append(orphans, filepath.Join(parent, e.Name()))

@@ -6,20 +6,22 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"testing"
 )
 
 // TestGOMAXPROCS runs the daemon and reads the Go runtime's own
-// go_sched_gomaxprocs_threads from its metrics: one thread by default,
-// the config's gomaxprocs when set, and the environment variable over both.
+// go_sched_gomaxprocs_threads from its metrics: Go's own choice by default
+// (what this test process, in the same cgroup, got), the config's gomaxprocs
+// when set, and the environment variable over both.
 func TestGOMAXPROCS(t *testing.T) {
 	requireRoot(t)
 	for _, tc := range []struct {
 		name, config, env string
 		want              int
 	}{
-		{"default", "", "", 1},
+		{"default", "", "", runtime.GOMAXPROCS(0)},
 		{"config", "gomaxprocs = 2\n", "", 2},
 		{"environment wins", "gomaxprocs = 2\n", "3", 3},
 	} {

@@ -16,7 +16,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/differ"
-	"github.com/grouped-snapshotter/grouped-snapshotter/internal/sysmon"
 	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
@@ -87,36 +86,6 @@ func setGOMAXPROCS(configured int, env string) (int, string) {
 	return runtime.GOMAXPROCS(0), "Go's default"
 }
 
-// keepSysmonPolling executes the daemon again with Go's system monitor
-// polling (see internal/sysmon) when the config asks for it and GODEBUG
-// does not decide; nothing of the daemon exists yet. In the new image it
-// takes the setting out of the environment its children inherit.
-func keepSysmonPolling(ctx context.Context, configured bool) {
-	godebug := os.Getenv("GODEBUG")
-	set, polling := sysmon.FromGODEBUG(godebug)
-	if configured && !set {
-		// Reexec returns only if it failed.
-		err := sysmon.Reexec()
-		log.G(ctx).WithError(err).Warn("Go's system monitor will sleep while the daemon is idle")
-		return
-	}
-	source := "sysmon_polling in the config"
-	switch rest := sysmon.Unset(godebug); {
-	case rest == godebug && set:
-		source = "GODEBUG's schedtrace"
-	case rest == godebug:
-	case rest == "":
-		os.Unsetenv("GODEBUG")
-	default:
-		os.Setenv("GODEBUG", rest)
-	}
-	msg := "Go's system monitor sleeps while the daemon is idle; the next call wakes it"
-	if polling {
-		msg = "Go's system monitor polls every 10 ms while the daemon is idle"
-	}
-	log.G(ctx).WithField("from", source).Info(msg)
-}
-
 // daemonAdmin answers the admin CLI's questions about the running daemon.
 type daemonAdmin struct {
 	sn  *snapshot.Snapshotter
@@ -160,7 +129,9 @@ func serve(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	keepSysmonPolling(ctx, cfg.SysmonPolling)
+	for _, msg := range cfg.Deprecations() {
+		log.G(ctx).Warn(msg)
+	}
 	n, source := setGOMAXPROCS(cfg.GOMAXPROCS, os.Getenv("GOMAXPROCS"))
 	log.G(ctx).WithField("gomaxprocs", n).WithField("from", source).Info("Go code runs on gomaxprocs threads")
 
