@@ -110,7 +110,8 @@ func checkPath(p string) error {
 // a system with pages of pagesize bytes is longer than
 // MaxMountData(pagesize), with an error naming the layer count and size.
 func CheckMountData(m mount.Mount, pagesize int) error {
-	if n, max := shimMountDataLen(m, pagesize), MaxMountData(pagesize); n > max {
+	data, _ := ShimMountData(m, pagesize)
+	if n, max := len(data), MaxMountData(pagesize); n > max {
 		return fmt.Errorf("overlay of %d layers needs %d bytes of mount data even with lowerdirs relative to their common parent; the kernel takes at most %d with %d-byte pages: %w",
 			LowerCount(m), n, max, pagesize, errdefs.ErrInvalidArgument)
 	}
@@ -118,65 +119,20 @@ func CheckMountData(m mount.Mount, pagesize int) error {
 }
 
 // ShimLowerdirLen returns the length of the lowerdir option in
-// ShimMountData(m, pagesize), 0 without one, without building the data.
+// ShimMountData(m, pagesize), 0 without one.
 func ShimLowerdirLen(m mount.Mount, pagesize int) int {
-	if i, n := shimRewrite(m, pagesize); i >= 0 {
-		return n
+	data, chdir := ShimMountData(m, pagesize)
+	parts := strings.Split(data, ",")
+	if chdir != "" {
+		// The shim moves the lowerdir it rewrote last.
+		return len(parts[len(parts)-1])
 	}
-	for _, o := range m.Options {
+	for _, o := range parts {
 		if strings.HasPrefix(o, "lowerdir=") {
 			return len(o)
 		}
 	}
 	return 0
-}
-
-// shimMountDataLen is len(ShimMountData(m, pagesize)), computed without
-// building the string: every Prepare checks a mount of up to 500
-// lowerdirs, and building its data (a split and two joins of some 10 KB)
-// was a visible share of the daemon's garbage in long pulls.
-func shimMountDataLen(m mount.Mount, pagesize int) int {
-	rewritten, rewrittenLen := shimRewrite(m, pagesize)
-	total, parts := 0, 0
-	for i, o := range m.Options {
-		switch {
-		case i == rewritten:
-			total += rewrittenLen
-		case isShimFlag(o):
-			continue
-		default:
-			total += len(o)
-		}
-		parts++
-	}
-	if parts > 1 {
-		total += parts - 1
-	}
-	return total
-}
-
-// shimRewrite returns the index of the lowerdir option the shim rewrites
-// relative to a common directory, and the rewritten option's length; -1
-// when it rewrites nothing. It follows ShimMountData without building.
-func shimRewrite(m mount.Mount, pagesize int) (index, length int) {
-	if m.Type != "overlay" {
-		return -1, 0
-	}
-	size := 0
-	for _, o := range m.Options {
-		size += len(o)
-	}
-	if size < pagesize-shimCompactMargin {
-		return -1, 0
-	}
-	index, value := firstLowerdir(m.Options)
-	common, ok := commonLowerParent(value)
-	if index == -1 || !ok {
-		return -1, 0
-	}
-	// Every lowerdir loses the common directory; the separators stay.
-	dirs := strings.Count(value, ":") + 1
-	return index, len("lowerdir=") + len(value) - dirs*len(common)
 }
 
 // LowerCount returns the number of lowerdirs of an overlay mount.
