@@ -6,7 +6,6 @@ require (
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/log v0.2.0
-	github.com/grouped-snapshotter/grouped-snapshotter v0.0.0
 	github.com/grouped-snapshotter/grouped-snapshotter/integration v0.0.0
 	github.com/moby/sys/mountinfo v0.7.2
 	golang.org/x/sys v0.50.0
@@ -37,7 +36,6 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
-	github.com/pelletier/go-toml/v2 v2.4.3 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
