@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -59,4 +60,28 @@ func startServingMetrics(t *testing.T, config string, env []string) (*exec.Cmd, 
 	}
 	cmd := startDaemon(t, dir, env, "--config", cfg, "--root", filepath.Join(dir, "root"), "--address", filepath.Join(dir, "gs.sock"))
 	return cmd, getOverUnix(t, metricsSock, "http://metrics/metrics")
+}
+
+// TestDeprecatedKeysWarnAtStart: a config of the previous release, with
+// sysmon_polling and userns_spares, still starts the daemon, which says at
+// start that each key is ignored, and runs no other process for them.
+func TestDeprecatedKeysWarnAtStart(t *testing.T) {
+	requireRoot(t)
+	cmd, _ := startServingMetrics(t, "sysmon_polling = true\nuserns_spares = 2\n", nil)
+	log := cmd.Stderr.(*logBuffer).String()
+	for _, key := range []string{"sysmon_polling", "userns_spares"} {
+		if !regexp.MustCompile(`level=warning msg="` + key + ` is deprecated and ignored`).MatchString(log) {
+			t.Errorf("no deprecation warning for %s in the daemon's log:\n%s", key, log)
+		}
+	}
+	if strings.Contains(os.Getenv("GODEBUG"), "schedtrace") {
+		t.Fatal("the test's own environment sets schedtrace")
+	}
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(environ), "schedtrace") {
+		t.Errorf("the daemon runs with schedtrace in its environment: it re-executed itself")
+	}
 }

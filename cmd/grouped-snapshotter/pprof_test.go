@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -61,6 +63,8 @@ func startDaemon(t *testing.T, dir string, env []string, args ...string) *exec.C
 	t.Helper()
 	cmd := exec.Command(daemonBin, args...)
 	cmd.Env = append(os.Environ(), env...)
+	log := new(logBuffer)
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +72,27 @@ func startDaemon(t *testing.T, dir string, env []string, args ...string) *exec.C
 		cmd.Process.Kill()
 		cmd.Wait()
 		unmountUnder(t, dir)
+		if t.Failed() {
+			t.Logf("daemon's log:\n%s", log)
+		}
 	})
 	return cmd
+}
+
+// logBuffer collects a daemon's log while the daemon writes it.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
