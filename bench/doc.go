@@ -12,6 +12,9 @@
 // Scenarios (see Config): mount-family syscalls per container start, a
 // burst of user-namespaced containers started at once, pull and unpack,
 // snapshot API latency over the daemon's socket, and the daemon's memory.
-// Run writes the raw Results; Markdown and Charts render them. The command
-// bench/cmd/bench (make bench, make bench-quick) drives it.
+// Headline is make bench's selection (grouped view against overlayfs:
+// bursts, pulls and mount calls per start, within 20 minutes), Full make
+// bench-full's (everything), and AB make bench-ab's: grouped view from two
+// builds of grouped-snapshotter, B ÷ A. Run writes the raw Results;
+// Markdown and Charts render them. The command bench/cmd/bench drives it.
 package bench
