@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -31,7 +32,7 @@ func TestInstallerImage(t *testing.T) {
 		t.Fatalf("build-image.sh: %v\n%s", err, out)
 	}
 	cfg, err := exec.Command(env.Tools.Path("crane"), "config", "--insecure", ref).Output()
-	if err != nil || !strings.Contains(string(cfg), `"architecture":"amd64"`) {
+	if err != nil || !strings.Contains(string(cfg), `"architecture":"`+runtime.GOARCH+`"`) {
 		t.Fatalf("image config: %v %s", err, cfg)
 	}
 
