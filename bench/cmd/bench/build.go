@@ -13,24 +13,40 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
+// buildsDir keeps the builds of commits (buildCommit), one directory per
+// commit: a stopped A/B resumes with the same binaries, and a commit is
+// built once.
+var buildsDir = filepath.Join(os.TempDir(), "gs-bench-builds")
+
 // buildCommit builds the grouped-snapshotter daemon of the repository's
-// commit ref into dir/name, as the harness builds the working tree's (go
-// build, no flags), in a temporary git worktree it removes after. It
-// returns the binary and a label: the commit's short hash, with ref if
-// that is a name.
-func buildCommit(ref, dir, name string) (bin, label string, err error) {
+// commit ref as the harness builds the working tree's (go build, no
+// flags), in a temporary git worktree it removes after, into
+// buildsDir/<commit>/grouped-snapshotter unless it is there. It returns
+// the binary and a label: the commit's short hash, with ref if that is a
+// name.
+func buildCommit(ref string) (bin, label string, err error) {
 	ctx := context.Background()
 	repo, err := harness.FindRepoRoot()
 	if err != nil {
 		return "", "", err
 	}
-	rev, err := command(ctx, repo, "git", "rev-parse", "--short", ref+"^{commit}")
+	full, err := command(ctx, repo, "git", "rev-parse", ref+"^{commit}")
+	if err != nil {
+		return "", "", err
+	}
+	rev, err := command(ctx, repo, "git", "rev-parse", "--short", full)
 	if err != nil {
 		return "", "", err
 	}
 	label = rev
 	if !strings.HasPrefix(rev, ref) {
 		label = fmt.Sprintf("%s (%s)", rev, ref)
+	}
+	dir := filepath.Join(buildsDir, full)
+	bin = filepath.Join(dir, "grouped-snapshotter")
+	if _, err := os.Stat(bin); err == nil {
+		fmt.Fprintf(os.Stderr, "bench: %s is the build of %s\n", bin, label)
+		return bin, label, nil
 	}
 	tmp, err := os.MkdirTemp("", "gs-worktree-")
 	if err != nil {
@@ -46,8 +62,15 @@ func buildCommit(ref, dir, name string) (bin, label string, err error) {
 			err = errors.Join(err, rerr)
 		}
 	}()
-	bin = filepath.Join(dir, name)
-	if _, err := command(ctx, wt, "go", "build", "-o", bin, "./cmd/grouped-snapshotter"); err != nil {
+	// Built beside, then renamed: a build that stops leaves no binary.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", err
+	}
+	part := bin + ".part"
+	if _, err := command(ctx, wt, "go", "build", "-o", part, "./cmd/grouped-snapshotter"); err != nil {
+		return "", "", err
+	}
+	if err := os.Rename(part, bin); err != nil {
 		return "", "", err
 	}
 	fmt.Fprintf(os.Stderr, "bench: built %s from %s\n", bin, label)

@@ -118,25 +118,16 @@ func run() error {
 	if btoi(*quick)+btoi(*full)+btoi(ab) > 1 {
 		return errors.New("-quick, -full and an A/B (-a, -ab-binary) select different runs: give one")
 	}
-	// The builds of the commits asked for, made before anything else and
-	// removed after the run.
-	var builds string
-	if *a != "" || *b != "" {
-		var err error
-		if builds, err = os.MkdirTemp("", "gs-bench-builds-"); err != nil {
-			return err
-		}
-		defer os.RemoveAll(builds)
-	}
+	// The builds of the commits asked for, made before anything else.
 	if *a != "" {
 		var err error
-		if *abBinary, *aRef, err = buildCommit(*a, builds, "grouped-snapshotter-A"); err != nil {
+		if *abBinary, *aRef, err = buildCommit(*a); err != nil {
 			return fmt.Errorf("build A: %w", err)
 		}
 	}
 	if *b != "" {
 		var err error
-		if *binary, *bRef, err = buildCommit(*b, builds, "grouped-snapshotter-B"); err != nil {
+		if *binary, *bRef, err = buildCommit(*b); err != nil {
 			return fmt.Errorf("build B: %w", err)
 		}
 	}
@@ -304,7 +295,8 @@ func resumeConfig(prev *bench.Results, path string, set []string) (bench.Config,
 	}
 	cfg := prev.Config
 	cfg.Name = strings.TrimSuffix(cfg.Name, bench.PartialSuffix)
-	// The builds of an A/B made from commits are removed after their run.
+	// The builds of an A/B are kept in the temporary directory: a reboot
+	// may have removed them.
 	for _, bin := range []string{cfg.ABBinary, cfg.GroupedBinary} {
 		if _, err := os.Stat(bin); bin != "" && err != nil {
 			return bench.Config{}, fmt.Errorf("-resume %s: the run's grouped-snapshotter build is gone (%w): run it again", path, err)

@@ -61,10 +61,11 @@ func TestResumeFlags(t *testing.T) {
 }
 
 // TestBuildCommit builds the daemon of a commit (this one) in a temporary
-// worktree, which it removes: what make bench-ab does for builds A and B.
+// worktree, which it removes, and keeps it for the next build of the
+// commit: what make bench-ab does for builds A and B.
 func TestBuildCommit(t *testing.T) {
-	dir := t.TempDir()
-	bin, label, err := buildCommit("HEAD", dir, "gs")
+	buildsDir = t.TempDir()
+	bin, label, err := buildCommit("HEAD")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,14 @@ func TestBuildCommit(t *testing.T) {
 	if strings.Contains(list, "gs-worktree-") {
 		t.Errorf("a build's worktree is left:\n%s", list)
 	}
-	if _, _, err := buildCommit("no-such-ref", dir, "gs2"); err == nil || !strings.Contains(err.Error(), "rev-parse") {
+	again, label2, err := buildCommit("HEAD")
+	if err != nil || again != bin || label2 != label {
+		t.Errorf("second build of HEAD: %s %q %v, want the first one's %s", again, label2, err, bin)
+	}
+	if left, _ := filepath.Glob(filepath.Join(buildsDir, "*", "*.part")); len(left) > 0 {
+		t.Errorf("partial builds left: %q", left)
+	}
+	if _, _, err := buildCommit("no-such-ref"); err == nil || !strings.Contains(err.Error(), "rev-parse") {
 		t.Errorf("build of an unknown ref: %v", err)
 	}
 }
