@@ -151,6 +151,13 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
 		return nil, err
 	}
+	// Only the speed of making snapshots on ext4 without a journal depends
+	// on it (see markTopDir).
+	if marked, err := markTopDir(filepath.Join(root, tempDir)); err != nil {
+		log.L.WithError(err).Warn("new snapshots' directories may be slow to make on ext4 without a journal")
+	} else if !marked {
+		log.L.WithField("path", filepath.Join(root, tempDir)).Debug("filesystem has no top-directory attribute (chattr +T)")
+	}
 	dbPath := filepath.Join(root, dbFile)
 	ms, err := storage.NewMetaStore(dbPath, func(o *bolt.Options) error {
 		// bbolt waits forever for the file lock another daemon holds.
@@ -641,27 +648,29 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	// A view of layers needs no directory of its own; a view of nothing
 	// binds an empty one, as containerd's overlayfs does. Only an overlay
 	// (an active snapshot with a parent) uses a work directory.
-	var temp, upper, work string
+	var upper, work string
 	if kind == snapshots.KindActive || parent == "" {
 		s.tempMu.RLock()
 		defer s.tempMu.RUnlock()
-		if temp, err = os.MkdirTemp(filepath.Join(s.root, tempDir), "new-"); err != nil {
-			return nil, fmt.Errorf("create temporary directory: %w", err)
-		}
+		// The temporary directories become the snapshot's own by their
+		// rename: a creation deletes no directory, since on ext4 without a
+		// journal every recently deleted inode slows the next allocations.
 		defer func() {
-			// Empty once its contents were renamed into place.
-			if err := os.RemoveAll(temp); err != nil {
-				log.G(ctx).WithError(err).WithField("path", temp).Warn("failed to remove temporary directory, left for cleanup")
+			if retErr == nil {
+				return
+			}
+			for _, dir := range []string{upper, work} {
+				if err := os.RemoveAll(dir); dir != "" && err != nil {
+					log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove temporary directory, left for cleanup")
+				}
 			}
 		}()
-		upper = filepath.Join(temp, "fs")
-		if err := os.Mkdir(upper, 0o755); err != nil {
-			return nil, fmt.Errorf("create snapshot directory: %w", err)
+		if upper, err = s.mkdirTemp("new-", 0o755); err != nil {
+			return nil, err
 		}
 		if kind == snapshots.KindActive && parent != "" {
-			work = filepath.Join(temp, "work")
-			if err := os.Mkdir(work, 0o711); err != nil {
-				return nil, fmt.Errorf("create work directory: %w", err)
+			if work, err = s.mkdirTemp("work-", 0o711); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -762,6 +771,19 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 		return "", false, err
 	}
 	return name, isNew, nil
+}
+
+// mkdirTemp makes a new directory under t/ with mode perm.
+func (s *Snapshotter) mkdirTemp(prefix string, perm os.FileMode) (string, error) {
+	dir, err := os.MkdirTemp(filepath.Join(s.root, tempDir), prefix)
+	if err != nil {
+		return "", fmt.Errorf("create temporary directory: %w", err)
+	}
+	if err := os.Chmod(dir, perm); err != nil {
+		os.Remove(dir)
+		return "", fmt.Errorf("create temporary directory: %w", err)
+	}
+	return dir, nil
 }
 
 // chownUpper gives a new upper directory its owner: the mapped root of a
