@@ -34,10 +34,10 @@ var dirSyscalls = []string{"mkdir", "mkdirat", "rename", "renameat", "renameat2"
 //	Prepare and Commit: 1 each per layer, no other call
 //	fdatasync: 2 per metadata write (bbolt: pages, then meta page), 2 writes
 //	           per layer; the file's growth adds a few fsyncs per pull
-//	mkdir: 1 per layer (l/<id>), plus the one work directory of the second
-//	       layer (the first is a bind mount and needs none)
-//	rename: 1 per layer from the third: each takes the work directory of
-//	        the layer committed before it; no unlink or rmdir
+//	mkdir: 2 per layer, its upper and its work directory, made under t/,
+//	       but 1 for the first layer (a bind mount, no work directory)
+//	rename: the same, each of them moved into l/ or w/ in the transaction
+//	        that creates the snapshot; no unlink or rmdir
 func TestPullBudgetPerLayer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestPullBudgetPerLayer needs root")
@@ -94,8 +94,8 @@ func TestPullBudgetPerLayer(t *testing.T) {
 		{"fdatasync", daemon.Syscalls("fdatasync"), 4 * n, 4*n + 4},
 		// bbolt fsyncs the file when it grows it: a few times per pull.
 		{"fsync", daemon.Syscalls("fsync"), 0, 2 + n/5},
-		{"mkdir", daemon.Syscalls("mkdir", "mkdirat"), n + 1, n + 1},
-		{"rename", daemon.Syscalls("rename", "renameat", "renameat2"), n - 2, n - 2},
+		{"mkdir", daemon.Syscalls("mkdir", "mkdirat"), 2*n - 1, 2*n - 1},
+		{"rename", daemon.Syscalls("rename", "renameat", "renameat2"), 2*n - 1, 2*n - 1},
 		{"unlink, rmdir", daemon.Syscalls("unlink", "unlinkat", "rmdir"), 0, 0},
 	}
 	var table strings.Builder
