@@ -58,9 +58,8 @@ func (s *Snapshotter) withTx(ctx context.Context, writable bool, fn func(ctx con
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		// Nothing of it is stored, and its snapshot IDs are free again:
-		// directories it renamed into place are orphans now, which the next
-		// creation of the same ID or Cleanup removes.
+		// Nothing of it is stored, and its snapshot IDs are free again
+		// (see discardUncommitted).
 		return fmt.Errorf("commit metadata: %w", err)
 	}
 	return nil

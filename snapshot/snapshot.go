@@ -695,7 +695,12 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		}
 	}
 
-	var result []mount.Mount
+	var (
+		result []mount.Mount
+		// placed is the ID whose directories the transaction moved into
+		// place, "" once they are moved back.
+		placed string
+	)
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		snap, err := storage.CreateSnapshot(ctx, kind, key, parent, opts...)
 		if err != nil {
@@ -713,11 +718,13 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 				undo()
 				return err
 			}
+			placed = snap.ID
 			// Undo before the rollback, while the transaction keeps every
 			// other creation from taking this ID.
 			defer func() {
 				if err != nil {
 					undo()
+					placed = ""
 				}
 			}()
 		}
@@ -737,12 +744,51 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return err
 	})
 	if err != nil {
+		if placed != "" {
+			// The transaction's commit failed (a full disk, say) after its
+			// directories were moved into place.
+			s.discardUncommitted(ctx, placed)
+		}
 		if testHooks.createFailed != nil {
 			testHooks.createFailed()
 		}
 		return nil, err
 	}
 	return result, nil
+}
+
+// discardUncommitted removes the directories of snapshot id, which a
+// creation moved into place before its transaction failed to commit. The
+// failed commit freed the ID, and another creation may have taken it and
+// moved its own directories there meanwhile: a write transaction, rolled
+// back, keeps creations out while it checks that nobody holds id and
+// removes them. Whatever it cannot remove is an orphan for Cleanup.
+func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
+	dirs := []string{}
+	for _, path := range []func(string) (string, error){s.layerPath, s.workPath} {
+		if dir, err := path(id); err == nil {
+			dirs = append(dirs, dir)
+		}
+	}
+	tctx, t, err := s.ms.TransactionContext(ctx, true)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
+		return
+	}
+	defer t.Rollback()
+	ids, err := storage.IDMap(tctx)
+	if err != nil && !errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
+		return
+	}
+	if _, taken := ids[id]; taken {
+		return
+	}
+	for _, dir := range dirs {
+		if err := os.RemoveAll(dir); err != nil {
+			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
+		}
+	}
 }
 
 // mappedParentFor returns the name of m's mapped parent, mounted: the
