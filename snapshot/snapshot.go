@@ -660,7 +660,10 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 				return
 			}
 			for _, dir := range []string{upper, work} {
-				if err := os.RemoveAll(dir); dir != "" && err != nil {
+				if dir == "" {
+					continue
+				}
+				if err := os.RemoveAll(dir); err != nil {
 					log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove temporary directory, left for cleanup")
 				}
 			}
