@@ -427,6 +427,12 @@ func pullCPUCell(rows []PullRow, version, contender string, layers int) string {
 // pullSamples are the seconds of contender's pulls of layers on version
 // by repetition, NaN where the pull failed or did not run.
 func pullSamples(res *Results, version, contender string, layers int) []float64 {
+	return pullMeasure(res, version, contender, layers, func(r PullRow) float64 { return r.Seconds })
+}
+
+// pullMeasure is measure of contender's pulls of layers on version by
+// repetition, NaN where the pull failed or did not run.
+func pullMeasure(res *Results, version, contender string, layers int, measure func(PullRow) float64) []float64 {
 	reps := res.Config.PullReps
 	for _, r := range res.Pulls {
 		reps = max(reps, r.Rep+1)
@@ -437,7 +443,7 @@ func pullSamples(res *Results, version, contender string, layers int) []float64 
 	}
 	for _, r := range res.Pulls {
 		if r.Version == version && r.Contender == contender && r.Layers == layers && r.Err == "" {
-			s[r.Rep] = r.Seconds
+			s[r.Rep] = measure(r)
 		}
 	}
 	return s

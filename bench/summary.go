@@ -108,16 +108,7 @@ func joinInts(ns []int, sep string) string {
 // pulls of layers on version by repetition, NaN where the pull failed or
 // did not run.
 func pullCPUSamples(res *Results, version, contender string, layers int) []float64 {
-	s := pullSamples(res, version, contender, layers)
-	for i := range s {
-		s[i] = math.NaN()
-	}
-	for _, r := range res.Pulls {
-		if r.Version == version && r.Contender == contender && r.Layers == layers && r.Err == "" {
-			s[r.Rep] = r.SnapshotterCPU
-		}
-	}
-	return s
+	return pullMeasure(res, version, contender, layers, func(r PullRow) float64 { return r.SnapshotterCPU })
 }
 
 // pullCPURatio is grouped view ÷ other in daemon CPU seconds per pull, over
