@@ -167,6 +167,13 @@ unit() {
 }
 
 dropin() {
+	# The transfer service unpacks only for the platforms listed, so they
+	# name the node's own architecture.
+	case $(uname -m) in
+	x86_64) arch=amd64 ;;
+	aarch64 | arm64) arch=arm64 ;;
+	*) echo "install.sh: unsupported machine architecture $(uname -m) (amd64 and arm64 are)" >&2; exit 1 ;;
+	esac
 	cat <<TOML
 # Registers grouped-snapshotter with containerd 2.x. Installed by
 # grouped-snapshotter's install.sh; imported through
@@ -185,25 +192,14 @@ version = 3
     # kubelet reports image filesystem usage from here.
     root = "$ROOT"
 
-# The daemon is also a differ, asked first: for layers made of a
-# user-namespaced container's changes (nerdctl commit, image builds) it
-# reads the container's lower layers directly rather than through their
-# idmapped view, so the layer holds only the changes. It declines every
-# other diff and every apply, which go on to containerd's walking differ.
-[proxy_plugins.grouped-diff]
-  type = "diff"
-  address = "$SOCKET"
-[plugins.'io.containerd.service.v1.diff-service']
-  default = ["grouped-diff", "walking"]
-
 # Pulls through the transfer service (ctr, CRI) unpack only for listed
 # snapshotters; overlayfs stays listed so existing pulls keep working.
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-  platform = "linux/amd64"
+  platform = "linux/$arch"
   snapshotter = "grouped"
   differ = "walking"
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-  platform = "linux/amd64"
+  platform = "linux/$arch"
   snapshotter = "overlayfs"
   differ = "walking"
 TOML
