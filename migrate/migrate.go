@@ -93,6 +93,20 @@ type Options struct {
 	LockFile string
 	// Progress, if set, is called as layers are made.
 	Progress func(Progress)
+	// DryRun plans every image and checks that the run could go (containerd
+	// answers, every image can move, copies would fit) without making,
+	// removing or labelling anything; the Summary counts what a run would
+	// make. To need not be loaded in containerd yet (a node before its
+	// install): then every layer counts as missing.
+	DryRun bool
+	// DestinationRoot is the destination snapshotter's root directory, where
+	// a dry run checks the room for copies (the nearest existing parent when
+	// it does not exist yet). Empty: the root containerd's introspection
+	// service reports for To (a proxy plugin's exports.root).
+	DestinationRoot string
+	// AnswerTimeout bounds the first call to containerd (default 10 s): a
+	// containerd that does not answer is refused before anything is done.
+	AnswerTimeout time.Duration
 }
 
 // Progress reports where a run is.
@@ -124,6 +138,11 @@ type Summary struct {
 	// StaleRemoved counts the active snapshots of an interrupted run that
 	// this run removed.
 	StaleRemoved int
+	// DryRun is set for a dry run: Layers counts the layers a run would
+	// make, BytesToCopy and BytesToLink the sizes of their regular files
+	// (whole blocks) by how they would move.
+	DryRun                   bool
+	BytesToCopy, BytesToLink int64
 }
 
 // Skipped is an image Run left alone.
@@ -155,8 +174,25 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 	}
 	defer unlock()
 	ctx = namespaces.WithNamespace(ctx, opts.Namespace)
+	// containerd must answer before anything is done, and the same
+	// containerd process until the end: a run that containerd restarted
+	// under is refused as a whole, even when the calls after the restart
+	// went through, so that an installer never acts on it.
+	pid, err := serverPID(ctx, c, opts.AnswerTimeout)
+	if err != nil {
+		return sum, err
+	}
+	defer func() {
+		if err := sameServer(ctx, c, pid, retErr); err != nil {
+			retErr = err
+		}
+	}()
 
 	r := &run{c: c, opts: opts, from: c.SnapshotService(opts.From), to: c.SnapshotService(opts.To), cs: c.ContentStore(), sum: &sum}
+	if opts.DryRun {
+		sum.DryRun = true
+		return sum, r.dryRun(ctx)
+	}
 	leaseID := leasePrefix + opts.To
 	ctx, err = r.holdLease(ctx, leaseID)
 	if err != nil {
@@ -211,6 +247,9 @@ type run struct {
 	plans []*plan
 	// roomChecked is set once the room for copies has been checked.
 	roomChecked bool
+	// toAbsent is set by a dry run when containerd has no snapshotter
+	// named To yet: every layer counts as missing there.
+	toAbsent bool
 }
 
 // skipError is an image that is not unpacked in the source at all: left
@@ -229,15 +268,88 @@ func lock(path string) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("create lock directory: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open lock %s: %w", path, err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
+		}
+		// The holder before removes the file before it unlocks: a lock
+		// taken on a removed file is no lock; take the new file's.
+		var held, named unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("stat lock %s: %w", path, err)
+		}
+		if err := unix.Stat(path, &named); err != nil || named.Ino != held.Ino || named.Dev != held.Dev {
+			f.Close()
+			continue
+		}
+		// Nothing stays behind: the file goes with the lock.
+		return func() {
+			os.Remove(path)
+			f.Close()
+		}, nil
+	}
+}
+
+// serverPID returns the pid of the containerd process c talks to, waiting
+// at most timeout (10 s if 0) for its answer.
+func serverPID(ctx context.Context, c *client.Client, timeout time.Duration) (uint64, error) {
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := c.IntrospectionService().Server(tctx)
 	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
+		if ctx.Err() == nil && tctx.Err() != nil {
+			return 0, fmt.Errorf("containerd did not answer within %s (is it running, and is this its socket?): %w", timeout, errdefs.ErrUnavailable)
+		}
+		return 0, fmt.Errorf("containerd does not answer (is it running, and is this its socket?): %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
+	return resp.GetPid(), nil
+}
+
+// sameServer checks, at the end of a run that failed with runErr (or
+// succeeded), that containerd still runs as the process pid: it waits up
+// to 30 s for a containerd that restarts to answer. It returns the error
+// to report when containerd restarted or stopped answering, nil otherwise.
+func sameServer(ctx context.Context, c *client.Client, pid uint64, runErr error) error {
+	ctx = context.WithoutCancel(ctx)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		now, err := serverPID(ctx, c, 5*time.Second)
+		if err == nil {
+			if now == pid {
+				return nil
+			}
+			msg := fmt.Sprintf("containerd restarted during the run (pid %d, now %d): the run is refused as a whole; the layers it committed stay and it removes what it left on its next run: run it again", pid, now)
+			if runErr != nil {
+				return fmt.Errorf("%s: %w", msg, runErr)
+			}
+			return fmt.Errorf("%s: %w", msg, errdefs.ErrAborted)
+		}
+		if time.Now().After(deadline) {
+			if runErr == nil {
+				runErr = err
+			}
+			return fmt.Errorf("containerd (pid %d) stopped answering during the run: the layers it committed stay and it removes what it left on its next run: run it again once containerd answers: %w", pid, runErr)
+		}
+		if runErr == nil {
+			// It answered before the run ended; an error now that the
+			// run is done is still a containerd gone away.
+			runErr = err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
 	}
-	return func() { f.Close() }, nil
 }
 
 // holdLease creates the run's lease, or reuses the one a dead run left.
@@ -349,7 +461,9 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 	}
 	top := chain[len(chain)-1].String()
 	p.first = len(p.layers)
-	if _, err := r.to.Stat(ctx, top); errdefs.IsNotFound(err) {
+	if r.toAbsent {
+		p.first = 0
+	} else if _, err := r.to.Stat(ctx, top); errdefs.IsNotFound(err) {
 		p.first = 0
 		for p.first < len(p.layers) {
 			if _, err := r.to.Stat(ctx, p.layers[p.first].chainID.String()); errdefs.IsNotFound(err) {
@@ -665,6 +779,12 @@ func checkRoom(ctx context.Context, layers []layer, dst string) error {
 		need += b
 		inodes += n
 	}
+	return roomFor(len(layers), need, inodes, dst)
+}
+
+// roomFor refuses copies of n layers, need bytes and inodes entries, that
+// would not fit dst's filesystem with roomMargin to spare.
+func roomFor(n int, need, inodes int64, dst string) error {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dst, &fs); err != nil {
 		return fmt.Errorf("statfs %s: %w", dst, err)
@@ -672,10 +792,109 @@ func checkRoom(ctx context.Context, layers []layer, dst string) error {
 	free := int64(fs.Bavail) * fs.Bsize //nolint:gosec // block counts fit int64
 	if need+roomMargin > free {
 		return fmt.Errorf("no room to copy %d layers: they need %d bytes (+%d spare) and %s has %d free; free some space or put both roots on one filesystem (then layers are hard-linked): %w",
-			len(layers), need, roomMargin, dst, free, errdefs.ErrResourceExhausted)
+			n, need, roomMargin, dst, free, errdefs.ErrResourceExhausted)
 	}
 	if fs.Files > 0 && int64(fs.Ffree) < inodes { //nolint:gosec // inode counts fit int64
-		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", len(layers), inodes, dst, fs.Ffree, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", n, inodes, dst, fs.Ffree, errdefs.ErrResourceExhausted)
 	}
 	return nil
+}
+
+// dryRun plans every selected image as Run does and checks what a run
+// needs, making, removing and labelling nothing (the source's layer
+// directories are read through a temporary view, removed again): the
+// copies must fit the destination's filesystem. The summary counts the
+// layers a run would make and their bytes, by how they would move.
+func (r *run) dryRun(ctx context.Context) error {
+	loaded, root, err := r.snapshotterRoot(ctx, r.opts.To)
+	if err != nil {
+		return err
+	}
+	r.toAbsent = !loaded
+	dest := r.opts.DestinationRoot
+	if dest == "" {
+		dest = root
+	}
+	if dest == "" {
+		return fmt.Errorf("no root directory of snapshotter %s to check the room in (containerd reports none): name it: %w", r.opts.To, errdefs.ErrInvalidArgument)
+	}
+	// A root not made yet: its filesystem is its nearest existing parent's.
+	for {
+		if _, err := os.Stat(dest); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) || dest == "/" {
+			return fmt.Errorf("root of %s: %w", r.opts.To, err)
+		}
+		dest = filepath.Dir(dest)
+	}
+	targets, err := r.selectImages(ctx)
+	if err != nil {
+		return err
+	}
+	var toCopy []layer
+	var copyBytes, copyInodes int64
+	seen := map[digest.Digest]bool{}
+	for _, img := range targets {
+		p, err := r.plan(ctx, img)
+		if err != nil {
+			var skip skipError
+			if errors.As(err, &skip) && len(r.opts.Images) == 0 {
+				r.sum.Skipped = append(r.sum.Skipped, Skipped{Image: img.Name, Reason: skip.reason})
+				continue
+			}
+			return fmt.Errorf("image %s: %w", img.Name, err)
+		}
+		r.sum.Images++
+		for _, l := range p.layers[:p.first] {
+			if !seen[l.chainID] {
+				seen[l.chainID] = true
+				r.sum.LayersPresent++
+			}
+		}
+		for _, l := range p.layers[p.first:] {
+			if seen[l.chainID] {
+				continue
+			}
+			seen[l.chainID] = true
+			r.sum.Layers++
+			b, n, err := measure(ctx, l.src)
+			if err != nil {
+				return err
+			}
+			copyMode, err := differentFilesystems(l.src, dest)
+			if err != nil {
+				return err
+			}
+			if copyMode {
+				r.sum.Copied = true
+				r.sum.BytesToCopy += b
+				copyBytes += b
+				copyInodes += n
+				toCopy = append(toCopy, l)
+			} else {
+				r.sum.BytesToLink += b
+			}
+		}
+	}
+	if len(toCopy) > 0 {
+		return roomFor(len(toCopy), copyBytes, copyInodes, dest)
+	}
+	return nil
+}
+
+// snapshotterRoot reports whether containerd has loaded the snapshotter
+// name, and the root directory it exports (a proxy plugin's exports.root,
+// the built-in overlayfs's root), "" when it exports none.
+func (r *run) snapshotterRoot(ctx context.Context, name string) (bool, string, error) {
+	resp, err := r.c.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1",id=="`+name+`"`)
+	if err != nil {
+		return false, "", fmt.Errorf("list containerd's snapshotters: %w", err)
+	}
+	for _, p := range resp.GetPlugins() {
+		if p.GetInitErr() != nil {
+			return false, "", fmt.Errorf("containerd's snapshotter %s failed to load: %s: %w", name, p.GetInitErr().GetMessage(), errdefs.ErrFailedPrecondition)
+		}
+		return true, p.GetExports()["root"], nil
+	}
+	return false, "", nil
 }

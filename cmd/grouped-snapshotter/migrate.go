@@ -42,6 +42,8 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			&cli.StringFlag{Name: "overlayfs", Value: other, Usage: "the other snapshotter's name in containerd"},
 			&cli.StringFlag{Name: "platform", Usage: "platform of the images' layers (default the host's)"},
 			&cli.StringFlag{Name: "lock-dir", Value: "/run", Usage: "directory of the lock file that keeps two runs apart"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "check that the run could go (containerd answers, every image can move, copies fit) and say what it would make; change nothing"},
+			&cli.StringFlag{Name: "destination-root", Usage: "root directory of the destination snapshotter, where --dry-run checks the room for copies (default: the root containerd reports for it)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -53,6 +55,9 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 				From:      c.String("overlayfs"),
 				To:        c.String("snapshotter"),
 				LockFile:  migrate.LockPath(c.String("lock-dir"), c.String("containerd-address"), c.String("namespace")),
+				DryRun:    c.Bool("dry-run"),
+
+				DestinationRoot: c.String("destination-root"),
 			}
 			if !toGrouped {
 				opts.From, opts.To = opts.To, opts.From
@@ -77,9 +82,11 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			opts.Progress = p.update
 			sum, err := migrate.Run(c.Context, cl, opts)
 			p.finish()
-			printSummary(os.Stdout, name, sum)
+			if err == nil || sum.Images+sum.Layers+sum.StaleRemoved > 0 {
+				printSummary(os.Stdout, name, sum)
+			}
 			if err != nil {
-				return fmt.Errorf("%s from %s to %s: %w", name, opts.From, opts.To, err)
+				return fmt.Errorf("%s from %s to %s (containerd at %s): %w", name, opts.From, opts.To, address, err)
 			}
 			return nil
 		},
@@ -137,6 +144,11 @@ func (p *progressPrinter) finish() { p.clear() }
 func printSummary(w io.Writer, verb string, s migrate.Summary) {
 	for _, sk := range s.Skipped {
 		fmt.Fprintf(w, "skipped %s: %s\n", sk.Image, sk.Reason)
+	}
+	if s.DryRun {
+		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %d images, %d layers already there; %s\n",
+			verb, s.From, s.To, s.Layers, humanBytes(s.BytesToLink), humanBytes(s.BytesToCopy), s.Images, s.LayersPresent, s.Duration.Round(time.Millisecond))
+		return
 	}
 	if s.StaleRemoved > 0 {
 		fmt.Fprintf(w, "removed %d uncommitted snapshots of an interrupted run\n", s.StaleRemoved)
