@@ -84,9 +84,9 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 		// build would be.
 		switch {
 		case c.A:
-			opts.SnapshotterBin, opts.SnapshotterBinServesDiff = cfg.ABBinary, true
+			opts.SnapshotterBin, opts.SnapshotterBinIsGrouped = cfg.ABBinary, true
 		case c.Snapshotter == harness.SnapshotterGrouped && !c.OverlayProxy && cfg.GroupedBinary != "":
-			opts.SnapshotterBin, opts.SnapshotterBinServesDiff = cfg.GroupedBinary, true
+			opts.SnapshotterBin, opts.SnapshotterBinIsGrouped = cfg.GroupedBinary, true
 		}
 		if c.OverlayProxy {
 			// containerd's overlay code declares no rebase behind the

@@ -30,8 +30,8 @@ const (
 	DefaultRoot = "/var/lib/grouped-snapshotter"
 	// DefaultAddress is the daemon's gRPC unix socket.
 	DefaultAddress = "/run/grouped-snapshotter/grouped-snapshotter.sock"
-	// DefaultContainerdAddress is containerd's gRPC socket, whose content
-	// store receives the layers the diff plugin makes.
+	// DefaultContainerdAddress is containerd's gRPC socket, which the daemon
+	// asks for containerd's release (idmap = "auto").
 	DefaultContainerdAddress = "/run/containerd/containerd.sock"
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
@@ -59,9 +59,9 @@ type Config struct {
 	UsernsSpares *int `toml:"userns_spares"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
-	// ContainerdAddress is containerd's gRPC socket. The daemon's diff
-	// plugin (proxy_plugins type "diff") writes the layers it makes into
-	// that containerd's content store; nothing else dials it.
+	// ContainerdAddress is containerd's gRPC socket. With idmap = "auto" the
+	// daemon asks it containerd's release when a user-namespaced container's
+	// snapshot is made; nothing else dials it.
 	ContainerdAddress string `toml:"containerd_address"`
 	// MetricsAddress serves Prometheus /metrics: "" (off), "host:port", or
 	// "unix:///path".
@@ -83,7 +83,7 @@ func DefaultConfig() Config {
 		RootPath:          DefaultRoot,
 		Address:           DefaultAddress,
 		ContainerdAddress: DefaultContainerdAddress,
-		IDMap:             string(snapshot.IDMapMappedParent),
+		IDMap:             string(snapshot.IDMapAuto),
 		LogLevel:          "info",
 		GOMAXPROCS:        DefaultGOMAXPROCS,
 	}
@@ -137,9 +137,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapMappedParent, snapshot.IDMapShim:
+	case snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim:
 	default:
-		return fmt.Errorf("idmap %q must be %q or %q: %w", c.IDMap, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q, %q or %q: %w", c.IDMap, snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -5,15 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
+	"sort"
 	"strings"
-	"time"
 
-	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"github.com/pelletier/go-toml/v2"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 )
 
 func checkContainerd(ctx context.Context, o Options, add func(string, Status, string, ...any)) {
@@ -21,38 +18,27 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 		add("containerd", Fail, "containerd socket %s: %v", o.ContainerdAddress, err)
 		return
 	}
-	conn, err := grpc.NewClient("unix://"+o.ContainerdAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := containerdversion.New(o.ContainerdAddress)
 	if err != nil {
-		add("containerd", Fail, "connect to %s: %v", o.ContainerdAddress, err)
+		add("containerd", Fail, "%v", err)
 		return
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	v, err := versionapi.NewVersionClient(conn).Version(ctx, &emptypb.Empty{})
-	if err != nil {
-		add("containerd", Fail, "containerd at %s does not answer: %v", o.ContainerdAddress, err)
-		return
-	}
-	major := majorVersion(v.GetVersion())
+	defer c.Close()
+	major, minor, err := c.Release(ctx)
 	switch {
-	case major >= 2:
-		add("containerd", OK, "containerd %s at %s", v.GetVersion(), o.ContainerdAddress)
-	case major == 1:
-		add("containerd", Warn, "containerd %s: grouped-snapshotter targets 2.x, and Kubernetes 1.37 drops containerd 1.x", v.GetVersion())
+	case err != nil:
+		add("containerd", Fail, "containerd at %s: %v", o.ContainerdAddress, err)
+		return
+	case major < 2:
+		add("containerd", Warn, "containerd %d.%d: grouped-snapshotter targets 2.x, and Kubernetes 1.37 drops containerd 1.x", major, minor)
 	default:
-		add("containerd", Warn, "containerd reports version %q", v.GetVersion())
+		add("containerd", OK, "containerd %d.%d at %s", major, minor, o.ContainerdAddress)
 	}
-}
-
-func majorVersion(v string) int {
-	v = strings.TrimPrefix(v, "v")
-	major, _, _ := strings.Cut(v, ".")
-	n, err := strconv.Atoi(major)
-	if err != nil {
-		return -1
+	// containerd 2.3 and later read the shim's uidmap= shape unmapped when
+	// they diff a container; "auto" gives them that shape.
+	if o.IDMap == "view" && (major > 2 || major == 2 && minor >= 3) {
+		add("containerd-idmap", Warn, "idmap = \"view\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
 	}
-	return n
 }
 
 // containerdConfig is the part of containerd's configuration the check
@@ -186,9 +172,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	} else {
 		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
-	if o.IDMap != "shim" {
-		checkDiffer(o, cfg, files, add)
-	}
+	checkDiffer(o, cfg, files, add)
 	for _, u := range cfg.unpack {
 		if s, _ := u["snapshotter"].(string); s == o.Name {
 			add("containerd-unpack", OK, "transfer service unpacks for %s (platform %v)", o.Name, u["platform"])
@@ -198,27 +182,24 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
 }
 
-// checkDiffer checks, for idmap "view", that containerd's diff service asks
-// the daemon's diff plugin first: without it, the layer of a user-namespaced
-// container's changes (nerdctl commit, image builds) also holds every
-// unchanged file of its image, re-owned by the mapping (see package differ).
+// checkDiffer checks that containerd's diff service does not ask the
+// daemon: releases before 0.9 registered it as a proxy differ, and containerd
+// then fails every diff and every apply, of every snapshotter, while the
+// daemon is down (the daemon no longer serves a diff API; see
+// docs/design.md, "Diffs").
 func checkDiffer(o Options, cfg *containerdConfig, files string, add func(string, Status, string, ...any)) {
-	var name string
+	var names []string
 	for n, p := range cfg.proxies {
-		if t, _ := p["type"].(string); t != "diff" {
-			continue
-		}
-		if a, _ := p["address"].(string); filepath.Clean(a) == filepath.Clean(o.Address) {
-			name = n
+		t, _ := p["type"].(string)
+		a, _ := p["address"].(string)
+		if t == "diff" && filepath.Clean(a) == filepath.Clean(o.Address) {
+			names = append(names, n)
 		}
 	}
-	const consequence = "layers made of user-namespaced containers' changes (nerdctl commit, image builds) would hold every unchanged file of the image, re-owned by the mapping"
-	switch {
-	case name == "":
-		add("containerd-diff", Warn, "no [proxy_plugins.<name>] of type \"diff\" with address %q in %s: %s", o.Address, files, consequence)
-	case len(cfg.differs) == 0 || cfg.differs[0] != name:
-		add("containerd-diff", Warn, "[plugins.'io.containerd.service.v1.diff-service'] default is %q in %s, want %q first: %s", cfg.differs, files, name, consequence)
-	default:
-		add("containerd-diff", OK, "containerd's diff service asks %s first", name)
+	if len(names) == 0 {
+		add("containerd-diff", OK, "containerd's diff service does not depend on the daemon")
+		return
 	}
+	sort.Strings(names)
+	add("containerd-diff", Fail, "[proxy_plugins.%s] in %s registers the daemon as a differ, which it no longer serves: while the daemon is down, every diff and apply of every snapshotter fails (pulls, CRI unpack, nerdctl commit); remove it and its name from [plugins.'io.containerd.service.v1.diff-service'] default (install.sh install does), then restart containerd", strings.Join(names, "], [proxy_plugins."), files)
 }

@@ -39,7 +39,7 @@ type Options struct {
 	Name string
 	// Root and Address are the daemon's root and socket.
 	Root, Address string
-	// IDMap is the configured idmap mode ("view" or "shim").
+	// IDMap is the configured idmap mode ("auto", "view" or "shim").
 	IDMap string
 	// ContainerdAddress is containerd's gRPC socket.
 	ContainerdAddress string
@@ -81,8 +81,8 @@ func Run(ctx context.Context, o Options) []Result {
 		switch err := idmount.ProbeIDMappedMount(probeDir); {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
-		case o.IDMap == "view":
-			add("idmapped-mounts", Fail, "idmap = \"view\" needs idmapped mounts on %s: %v", o.Root, err)
+		case o.IDMap != "shim":
+			add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
 		default:
 			add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
 		}
@@ -92,8 +92,8 @@ func Run(ctx context.Context, o Options) []Result {
 		switch err := idmount.ProbeIDMappedOverlay(probeDir); {
 		case err == nil:
 			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
-		case o.IDMap == "view":
-			add("overlay-idmapped-lowers", Fail, "idmap = \"view\" needs overlays over idmapped lowers on %s: %v", o.Root, err)
+		case o.IDMap != "shim":
+			add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
 		default:
 			add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
 		}

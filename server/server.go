@@ -1,6 +1,5 @@
 // Package server serves a snapshots.Snapshotter over containerd's snapshots
-// gRPC API (and a diff.Comparer over its diff API) on a unix socket, the way
-// containerd's proxy_plugins expect.
+// gRPC API on a unix socket, the way containerd's proxy_plugins expect.
 package server
 
 import (
@@ -13,11 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	diffapi "github.com/containerd/containerd/api/services/diff/v1"
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
-	"github.com/containerd/containerd/v2/contrib/diffservice"
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
-	"github.com/containerd/containerd/v2/core/diff"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -85,19 +81,16 @@ func removeStaleSocket(address string) error {
 
 // NewGRPCServer returns a gRPC server with sn registered as containerd's
 // snapshots service, the standard health service (NOT_SERVING until the
-// caller marks it serving) and, when they are not nil, containerd's diff
-// service for cmp (registered in containerd as a proxy diff plugin) and the
-// admin service.
-func NewGRPCServer(sn snapshots.Snapshotter, cmp diff.Comparer, admin Admin) (*grpc.Server, *health.Server) {
+// caller marks it serving) and, when it is not nil, the admin service.
+//
+// It serves no diff service: a proxy differ in containerd's diff service is
+// asked about every diff and apply of every snapshotter, and one that is down
+// fails them all.
+func NewGRPCServer(sn snapshots.Snapshotter, admin Admin) (*grpc.Server, *health.Server) {
 	// A client that connects but never speaks HTTP/2 would otherwise hold
 	// up a graceful stop for gRPC's default 120 s handshake timeout.
 	srv := grpc.NewServer(grpc.ConnectionTimeout(5 * time.Second))
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
-	if cmp != nil {
-		// Applying layers stays containerd's: the service answers Apply with
-		// NotImplemented and containerd's diff service tries its next differ.
-		diffapi.RegisterDiffServer(srv, diffservice.FromApplierAndComparer(nil, cmp))
-	}
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)

@@ -31,7 +31,7 @@ func serveOnSocket(t testing.TB, root string) (snapshots.Snapshotter, func() err
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, _ := NewGRPCServer(sn, nil, nil)
+	srv, _ := NewGRPCServer(sn, nil)
 	go srv.Serve(l)
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -299,11 +299,14 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, err
 			if !s.needsMappedParent(snap, m) {
 				continue
 			}
-			inUse[id] = true
 			name, isUser := mappedParentOf(tx, m, id)
-			if isUser {
+			if isUser || s.idmap == IDMapAuto {
+				// In auto mode a snapshot without a mapped parent has the
+				// shim's shape, chosen when it was made.
+				inUse[id] = isUser
 				continue
 			}
+			inUse[id] = true
 			isNew := name == ""
 			if isNew {
 				name = strconv.FormatUint(s.nextMapped.Add(1)-1, 36)

@@ -64,6 +64,13 @@ const (
 type IDMapMode string
 
 const (
+	// IDMapAuto gives a new remapped snapshot a mapped parent where
+	// containerd's differ cannot read the shim's shape (containerd before
+	// 2.3), and the shim's shape from containerd 2.3 on, so that a diff of a
+	// user-namespaced container holds only its changes without a differ of
+	// the daemon's in containerd's diff service (one that is down would fail
+	// every diff and apply of every snapshotter).
+	IDMapAuto IDMapMode = "auto"
 	// IDMapMappedParent keeps one persistent idmapped mount of the layer
 	// parent (a mapped parent) per mapping and returns plain overlays
 	// through it: the shim makes one mount per container start whatever
@@ -77,10 +84,13 @@ const (
 
 // Config configures a Snapshotter.
 type Config struct {
-	// IDMap selects who idmaps remapped snapshots.
+	// IDMap selects who idmaps remapped snapshots; "" is IDMapAuto.
 	IDMap IDMapMode
 	// MountOptions are added to every overlay mount's data.
 	MountOptions []string
+	// ContainerdRelease tells, in IDMapAuto mode, the release of the
+	// containerd calling; nil, or an error, gives mapped parents.
+	ContainerdRelease func(ctx context.Context) (major, minor int, err error)
 }
 
 // Snapshotter is grouped-snapshotter's snapshots.Snapshotter.
@@ -90,7 +100,9 @@ type Snapshotter struct {
 	idmap   IDMapMode
 	options []string
 	mapped  *idmount.Parents // nil in shim mode
-	startup StartupReport
+	// containerdRelease: see Config.ContainerdRelease.
+	containerdRelease func(ctx context.Context) (major, minor int, err error)
+	startup           StartupReport
 	// nextMapped is the next mapped-parent name (base 36) this process hands
 	// out; names are never handed out twice (see mapped.go).
 	nextMapped atomic.Uint64
@@ -118,10 +130,10 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	}
 	switch cfg.IDMap {
 	case "":
-		cfg.IDMap = IDMapMappedParent
-	case IDMapMappedParent, IDMapShim:
+		cfg.IDMap = IDMapAuto
+	case IDMapAuto, IDMapMappedParent, IDMapShim:
 	default:
-		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q: %w", cfg.IDMap, IDMapMappedParent, IDMapShim, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMappedParent, IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
@@ -171,7 +183,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if !hasOption(options, "index") && supportsIndex() {
 		options = append(options, "index=off")
 	}
-	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options, mappingLocks: locker.New()}
+	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options, mappingLocks: locker.New(), containerdRelease: cfg.ContainerdRelease}
 	// The MetaStore opens its file lazily; open it now so a locked or
 	// corrupted file stops the daemon at start with a clear message, and is
 	// never rewritten. A newer build's metadata is refused here too, before
@@ -191,7 +203,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
-	if cfg.IDMap == IDMapMappedParent {
+	if cfg.IDMap != IDMapShim {
 		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir)); err != nil {
 			ms.Close()
 			return nil, err
@@ -389,8 +401,12 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if s.needsMappedParent(snap, mapping) {
 			var isUser bool
 			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
-				// reconcile registers every snapshot in use at start.
-				return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
+				if s.idmap == IDMapMappedParent {
+					// reconcile registers every snapshot in use at start.
+					return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
+				}
+				// In auto mode it was given the shim's shape when made.
+				mappedName = ""
 			}
 		}
 		return nil
@@ -407,8 +423,10 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	return nil, fmt.Errorf("mounts of %q: %w", key, err)
 }
 
-// needsMappedParent reports whether snap's layers are shown through an
-// idmapped mapped parent: remapped, with layers, in mapped-parent mode.
+// needsMappedParent reports whether snap's layers may be shown through an
+// idmapped mapped parent: remapped, with layers, in a mode with mapped
+// parents. In auto mode, a snapshot is a mapped parent's user only if
+// newUsesMappedParent said so when it was made.
 func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
 	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
@@ -682,7 +700,7 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		mappedName string
 		isNew      bool
 	)
-	if s.mapped != nil && mapping != nil && parent != "" {
+	if s.mapped != nil && mapping != nil && parent != "" && s.newUsesMappedParent(ctx) {
 		unlock := s.lockMapping(mapping)
 		defer unlock()
 		if mappedName, isNew, err = s.mappedParentFor(ctx, mapping); err != nil {
@@ -792,6 +810,36 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
 		}
 	}
+}
+
+// newUsesMappedParent reports whether a new remapped snapshot reads its
+// layers through its mapping's mapped parent rather than with the shim's
+// uidmap=/gidmap= options.
+func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
+	switch {
+	case s.idmap != IDMapAuto:
+		return s.idmap == IDMapMappedParent
+	case s.containerdRelease == nil:
+		return true
+	}
+	major, minor, err := s.containerdRelease(ctx)
+	if err != nil {
+		// A mapped parent keeps the start at one mount on every release;
+		// only a diff of the container is then wrong on containerd >= 2.3.
+		log.G(ctx).WithError(err).Warn("containerd's release is unknown: the new snapshot reads its layers through a mapped parent")
+		return true
+	}
+	return !differUnmapsShimShape(major, minor)
+}
+
+// differUnmapsShimShape reports whether containerd's walking differ reads a
+// container's overlay with uidmap=/gidmap= options unmapped, so that its
+// diff holds only the container's changes: from containerd 2.3, whose
+// read-only mount for a diff drops those options. Older releases idmap that
+// mount, and their diff of any user-namespaced container shows every layer
+// re-owned; there a mapped parent costs nothing in correctness.
+func differUnmapsShimShape(major, minor int) bool {
+	return major > 2 || major == 2 && minor >= 3
 }
 
 // mappedParentFor returns the name of m's mapped parent, mounted: the
@@ -919,7 +967,7 @@ func renameOverStale(from, to string) error {
 // mappedName is the mapped parent the layers are read through, "" for none.
 func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
-	if mapping != nil && s.idmap == IDMapShim {
+	if mapping != nil && mappedName == "" && s.idmap != IDMapMappedParent {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
 	lowerParent := filepath.Join(s.root, layersDir)

@@ -15,7 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/differ"
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
@@ -135,7 +135,14 @@ func serve(c *cli.Context) error {
 	n, source := setGOMAXPROCS(cfg.GOMAXPROCS, os.Getenv("GOMAXPROCS"))
 	log.G(ctx).WithField("gomaxprocs", n).WithField("from", source).Info("Go code runs on gomaxprocs threads")
 
-	sn, err := snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
+	containerd, err := containerdversion.New(cfg.ContainerdAddress)
+	if err != nil {
+		return err
+	}
+	defer containerd.Close()
+	sc := cfg.SnapshotterConfig()
+	sc.ContainerdRelease = containerd.Release
+	sn, err := snapshot.New(cfg.RootPath, sc)
 	if err != nil {
 		return err
 	}
@@ -159,12 +166,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	cmp, err := differ.New(sn.LayersDir(), sn.MappedParentsDir(), cfg.ContainerdAddress)
-	if err != nil {
-		return err
-	}
-	defer cmp.Close()
-	srv, health := server.NewGRPCServer(m.Instrument(sn), cmp, daemonAdmin{sn: sn, cfg: cfg})
+	srv, health := server.NewGRPCServer(m.Instrument(sn), daemonAdmin{sn: sn, cfg: cfg})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -32,9 +33,6 @@ type Containerd struct {
 	proc *Process
 }
 
-// DiffProxyName is the daemon's name as containerd's proxy diff plugin.
-const DiffProxyName = "grouped-diff"
-
 // configParams are the inputs of the generated containerd config.
 type configParams struct {
 	dir          string // scratch for opt/, tmp/, shim sockets
@@ -42,10 +40,7 @@ type configParams struct {
 	proxyAddress string // grouped-snapshotter socket; "" registers no proxy
 	proxyRoot    string
 	// capabilities are the proxy plugin's declared capabilities.
-	capabilities []string
-	// diffProxy registers the daemon as containerd's first differ too
-	// (DiffProxyName), as the installer does.
-	diffProxy      bool
+	capabilities   []string
 	shimSocketDir  string // "" keeps containerd's default (/run/containerd/s)
 	grpcTopLevel   bool   // sockets in [grpc] and [ttrpc], as containerd before 2.3 reads them
 	containerdRoot string
@@ -105,10 +100,6 @@ func renderConfig(p configParams) string {
 		}
 		fmt.Fprintf(&b, "  capabilities = [%s]\n", strings.Join(caps, ", "))
 		fmt.Fprintf(&b, "  [proxy_plugins.grouped.exports]\n    root = %s\n\n", q(p.proxyRoot))
-		if p.diffProxy {
-			fmt.Fprintf(&b, "[proxy_plugins.%s]\n  type = \"diff\"\n  address = %s\n\n", DiffProxyName, q(p.proxyAddress))
-			fmt.Fprintf(&b, "[plugins.'io.containerd.service.v1.diff-service']\n  default = [%s, \"walking\"]\n\n", q(DiffProxyName))
-		}
 	}
 	fmt.Fprintf(&b, "[plugins.'io.containerd.internal.v1.opt']\n  path = %s\n\n", q(filepath.Join(p.dir, "opt")))
 	fmt.Fprintf(&b, "[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n\n")
@@ -121,7 +112,7 @@ func renderConfig(p configParams) string {
 		fmt.Fprintf(&b, "[plugins.'io.containerd.shim.v1.manager']\n  socket_dir = %s\n\n", q(p.shimSocketDir))
 	}
 	fmt.Fprintf(&b, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\n")
-	fmt.Fprintf(&b, "  platform = \"linux/amd64\"\n  snapshotter = %s\n  differ = \"walking\"\n", q(p.snapshotter))
+	fmt.Fprintf(&b, "  platform = \"linux/%s\"\n  snapshotter = %s\n  differ = \"walking\"\n", runtime.GOARCH, q(p.snapshotter))
 	if p.cri != "" {
 		b.WriteString("\n" + p.cri)
 	}

@@ -42,8 +42,8 @@ type Options struct {
 	// Containerd is the containerd release to run, one of
 	// ContainerdVersions; default ContainerdV2_4.
 	Containerd string
-	// IDMap is the grouped-snapshotter daemon's idmap mode, "view" or
-	// "shim"; empty keeps the daemon's default (view).
+	// IDMap is the grouped-snapshotter daemon's idmap mode, "auto", "view"
+	// or "shim"; empty keeps the daemon's default (auto).
 	IDMap string
 	// CRI enables containerd's CRI plugin, with a CNI network and sandbox
 	// image of the harness's own, for crictl and nerdctl (see Env.CRI).
@@ -68,11 +68,10 @@ type Options struct {
 	// --root, --address, --log-level) will do: the benchmark runs
 	// containerd's overlay snapshotter behind a proxy this way.
 	SnapshotterBin string
-	// SnapshotterBinServesDiff says SnapshotterBin is a grouped-snapshotter
-	// build (of another commit: the benchmark's A/B) that also serves
-	// containerd's diff API: it is then configured and registered as the
-	// repository's own build is, as a diff proxy plugin too.
-	SnapshotterBinServesDiff bool
+	// SnapshotterBinIsGrouped says SnapshotterBin is a grouped-snapshotter
+	// build (of another commit: the benchmark's A/B): it is then configured
+	// as the repository's own build is, with containerd's address.
+	SnapshotterBinIsGrouped bool
 	// CRIRuntimes are extra CRI runtime handlers (name -> snapshotter), each
 	// running runc like the default handler but with its own snapshotter:
 	// pods started on one (CRI.RunPodOn) unpack their images into it at
@@ -120,10 +119,10 @@ type Env struct {
 	imports     bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
-	// snapshotterBin is Options.SnapshotterBin, binServesDiff
-	// Options.SnapshotterBinServesDiff.
+	// snapshotterBin is Options.SnapshotterBin, binIsGrouped
+	// Options.SnapshotterBinIsGrouped.
 	snapshotterBin string
-	binServesDiff  bool
+	binIsGrouped   bool
 	// layerSubdir is Options.SnapshotterLayerDir.
 	layerSubdir string
 	// snapshotterRoot is Options.SnapshotterRoot.
@@ -178,7 +177,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,
 		snapshotterBin:  opts.SnapshotterBin,
-		binServesDiff:   opts.SnapshotterBinServesDiff,
+		binIsGrouped:    opts.SnapshotterBinIsGrouped,
 		layerSubdir:     opts.SnapshotterLayerDir,
 		snapshotterRoot: opts.SnapshotterRoot,
 	}
@@ -267,12 +266,12 @@ func containerdPaths(envDir string) *Containerd {
 	}
 }
 
-// servesDiff reports whether the Env's snapshotter daemon is this
+// isGrouped reports whether the Env's snapshotter daemon is this
 // repository's build (or a build of it given as SnapshotterBin with
-// SnapshotterBinServesDiff), which also serves containerd's diff API (see
-// package differ) and is registered as a diff proxy plugin too.
-func (e *Env) servesDiff() bool {
-	return e.SnapshotterName == SnapshotterGrouped && (e.snapshotterBin == "" || e.binServesDiff)
+// SnapshotterBinIsGrouped), which asks containerd's release at
+// containerd_address (idmap = "auto").
+func (e *Env) isGrouped() bool {
+	return e.SnapshotterName == SnapshotterGrouped && (e.snapshotterBin == "" || e.binIsGrouped)
 }
 
 func (e *Env) startContainerd(ctx context.Context) error {
@@ -300,7 +299,6 @@ func (e *Env) startContainerd(ctx context.Context) error {
 	if s := e.Snapshotter; s != nil {
 		p.proxyAddress, p.proxyRoot = s.Address, s.Root
 		p.capabilities = e.capabilities
-		p.diffProxy = e.servesDiff()
 	}
 	p.extra = e.extraTOML
 	if e.imports {

@@ -175,7 +175,7 @@ func (e *Env) applyReleaseOptions(ctx context.Context, opts Options) error {
 		return fmt.Errorf("idmap mode %q needs the %s snapshotter, not %s", opts.IDMap, SnapshotterGrouped, e.SnapshotterName)
 	}
 	var containerdAddress string
-	if e.servesDiff() {
+	if e.isGrouped() {
 		containerdAddress = containerdPaths(e.Dir).Address
 	}
 	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap, containerdAddress)

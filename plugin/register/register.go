@@ -9,13 +9,16 @@
 package register
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/containerd/containerd/v2/plugins"
+	"github.com/containerd/containerd/v2/version"
 	"github.com/containerd/platforms"
 	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
@@ -41,7 +44,10 @@ func init() {
 			ic.Meta.Platforms = append(ic.Meta.Platforms, platforms.DefaultSpec())
 			ic.Meta.Capabilities = append(ic.Meta.Capabilities, plugin.Capabilities...)
 			ic.Meta.Exports[plugins.SnapshotterRootDir] = cfg.RootPath
-			return snapshot.New(cfg.RootPath, cfg.SnapshotterConfig())
+			sc := cfg.SnapshotterConfig()
+			// In process, containerd's release is the one compiled in.
+			sc.ContainerdRelease = func(context.Context) (int, int, error) { return containerdversion.Parse(version.Version) }
+			return snapshot.New(cfg.RootPath, sc)
 		},
 	})
 }
