@@ -183,7 +183,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 }
 
 // checkDiffer checks that containerd's diff service does not ask the
-// daemon: releases before 0.9 registered it as a proxy differ, and containerd
+// daemon: earlier installs registered it as a proxy differ, and containerd
 // then fails every diff and every apply, of every snapshotter, while the
 // daemon is down (the daemon no longer serves a diff API; see
 // docs/design.md, "Diffs").

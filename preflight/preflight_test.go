@@ -26,7 +26,7 @@ const goodUnpack = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
   differ = "walking"
 `
 
-// staleDiffer is what installs before 0.9 wrote: the daemon as containerd's
+// staleDiffer is what earlier installs wrote: the daemon as containerd's
 // first differ.
 const staleDiffer = `[proxy_plugins.grouped-diff]
   type = "diff"
