@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -16,9 +17,10 @@ type Registry struct {
 	// Host is the registry's host:port, the prefix of its image references.
 	Host string
 
-	tools Tools
-	dir   string // blobs, image build scratch
-	proc  *Process
+	tools   Tools
+	dir     string // blobs, image build scratch
+	logPath string
+	proc    *Process
 
 	mu     sync.Mutex
 	images map[string]string // ImageSpec key -> pushed reference
@@ -41,12 +43,20 @@ func startRegistry(ctx context.Context, tools Tools, dir, logPath string) (*Regi
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{Host: host, tools: tools, dir: dir, proc: proc, images: map[string]string{}}
+	r := &Registry{Host: host, tools: tools, dir: dir, logPath: logPath, proc: proc, images: map[string]string{}}
 	if err := proc.WaitReady(ctx, 15*time.Second, r.ping); err != nil {
 		_ = proc.Stop(5 * time.Second)
 		return nil, err
 	}
 	return r, nil
+}
+
+// StartRegistry serves a registry of its own on a free loopback port,
+// storing blobs and its log under dir, for a test that runs its containerd
+// elsewhere than an Env (integration/systemd serves it into a container's
+// network namespace). Stop ends it.
+func StartRegistry(ctx context.Context, tools Tools, dir string) (*Registry, error) {
+	return startRegistry(ctx, tools, dir, filepath.Join(dir, "registry.log"))
 }
 
 func (r *Registry) ping(ctx context.Context) error {
@@ -65,12 +75,36 @@ func (r *Registry) ping(ctx context.Context) error {
 	return nil
 }
 
-func (r *Registry) stop() error { return r.proc.Stop(5 * time.Second) }
+func (r *Registry) stop() error {
+	// A paused registry would ignore SIGTERM until killed.
+	_ = r.proc.cmd.Process.Signal(syscall.SIGCONT)
+	return r.proc.Stop(5 * time.Second)
+}
 
 // Stop stops the registry for good, so a test can show that something
 // needs no registry access (pulls then fail to connect). The Env's
 // teardown tolerates a stopped registry.
 func (r *Registry) Stop() error { return r.stop() }
+
+// Pause stops the registry process (SIGSTOP) so that a test can show that
+// something needs no registry access, and keep the registry's images (crane
+// keeps manifests in memory: Stop loses them) for later: a pull then hangs
+// instead of getting an answer. Resume continues it; the Env's teardown
+// resumes a paused registry before stopping it.
+func (r *Registry) Pause() error {
+	if err := r.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pause the registry (pid %d): %w", r.proc.PID(), err)
+	}
+	return nil
+}
+
+// Resume continues a paused registry and waits until it answers.
+func (r *Registry) Resume(ctx context.Context) error {
+	if err := r.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return fmt.Errorf("resume the registry (pid %d): %w", r.proc.PID(), err)
+	}
+	return r.proc.WaitReady(ctx, 15*time.Second, r.ping)
+}
 
 // freePort asks the kernel for an unused loopback TCP port.
 func freePort() (int, error) {
