@@ -470,3 +470,102 @@ func startCraneRegistry(t *testing.T, crane string) string {
 		}
 	}
 }
+
+// TestInstallImportRefusesContainerdNotAnswering: `install --cri --import`
+// checks that the node's images can move before it writes anything; a
+// containerd that is not there, or does not answer (a socket that accepts
+// and never replies, as a hung containerd), is refused naming the socket,
+// with the node unchanged.
+func TestInstallImportRefusesContainerdNotAnswering(t *testing.T) {
+	bin := buildDaemon(t)
+	host := t.TempDir()
+	for _, d := range []string{"usr/local/bin", "etc/containerd"} {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(host, "etc/containerd/config.toml"), []byte("version = 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sockDir := t.TempDir()
+	hung := filepath.Join(sockDir, "hung.sock")
+	l, err := net.Listen("unix", hung)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never answered
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	before := snapshotTree(t, host)
+	for _, c := range []struct {
+		socket, want string
+	}{
+		{filepath.Join(sockDir, "absent.sock"), "is containerd running?"},
+		{hung, "containerd did not answer within 10s"},
+	} {
+		// The restart command would leave a mark: it must not run.
+		mark := filepath.Join(sockDir, "restarted")
+		cmd := exec.Command("./install.sh", "install", "--cri", "--import", "--host-root", host, "--binary", bin,
+			"--host-pid", fmt.Sprint(os.Getpid()), "--service-manager", "none", "--containerd-restart", "touch "+mark,
+			"--containerd-address", c.socket, "--root", filepath.Join(sockDir, "root"), "--socket", filepath.Join(sockDir, "gs.sock"))
+		t0 := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("install --cri --import against %s (%s):\n%s", c.socket, time.Since(t0).Round(time.Millisecond), out)
+		if err == nil || !strings.Contains(string(out), c.want) || !strings.Contains(string(out), c.socket) ||
+			!strings.Contains(string(out), "nothing was installed or changed") {
+			t.Errorf("install --cri --import against %s: %v, want a refusal naming it (%q) that changed nothing:\n%s", c.socket, err, c.want, out)
+		}
+		if after := snapshotTree(t, host); after != before {
+			t.Errorf("the refused install changed the node:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		if _, err := os.Stat(mark); err == nil {
+			t.Errorf("the refused install restarted containerd")
+		}
+		for _, p := range []string{"root", "gs.sock"} {
+			if _, err := os.Stat(filepath.Join(sockDir, p)); err == nil {
+				t.Errorf("the refused install made %s", p)
+			}
+		}
+	}
+}
+
+// TestInstallMoveBadOptions: --import and --export on install are refused,
+// naming the option, before anything is written.
+func TestInstallMoveBadOptions(t *testing.T) {
+	host := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--import"}, "--import moves the node's images for CRI: it needs --cri"},
+		{[]string{"--cri", "--import", "--export"}, "not both"},
+		{[]string{"--cri", "--import", "--no-start"}, "not with --no-start"},
+		{[]string{"--export", "--no-start"}, "not with --no-start"},
+		{[]string{"--cri", "--export"}, "install --export moves CRI's images back to overlayfs: not with --cri"},
+	} {
+		args := append([]string{"install", "--host-root", host, "--binary", "/bin/true", "--service-manager", "none", "--containerd-restart", "false"}, c.args...)
+		out, err := exec.Command("./install.sh", args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("install.sh %v: err %v, output %q (want it to name %q)", c.args, err, out, c.want)
+		}
+		if left, _ := os.ReadDir(host); len(left) != 0 {
+			t.Fatalf("install.sh %v wrote %d entries before refusing", c.args, len(left))
+		}
+	}
+}

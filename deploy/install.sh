@@ -4,7 +4,7 @@
 # config file and a containerd drop-in that registers the proxy plugin.
 # Idempotent: running it twice changes nothing the second time.
 #
-#   install.sh install   [options] [--binary PATH] [--cri]
+#   install.sh install   [options] [--binary PATH] [--cri [--import]] [--export]
 #   install.sh uninstall [options] [--export] [--purge]
 #   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
@@ -16,6 +16,18 @@
 # --binary PATH         the grouped-snapshotter binary to install (default:
 #                       next to this script, or bin/grouped-snapshotter)
 # --cri                 also make CRI (kubelet) pull and run with it
+# --import              with --cri, on a node whose CRI still runs on
+#                       containerd's overlayfs: first make the node's images
+#                       (--export-namespaces) unpacked in grouped, from
+#                       overlayfs by hard links, so that no pod pulls or
+#                       unpacks an image the node holds; see switch_cri for
+#                       the order of restarts. Refused, changing nothing,
+#                       when containerd does not answer or the copies (roots
+#                       on two filesystems) would not fit
+# --export              uninstall: see below. install without --cri on a node
+#                       whose CRI runs on grouped (a rollback): the same as
+#                       --import the other way, before CRI goes back to
+#                       overlayfs
 # --no-start            only files: touch no service and no containerd
 # --purge               uninstall also removes the snapshotter's data (its
 #                       root, after unmounting its mapped parents) and its log
@@ -25,10 +37,10 @@
 #                       pull) before grouped goes; it stops, changing
 #                       nothing, if the export fails
 # --export-namespaces NS
-#                       space-separated containerd namespaces to export
-#                       (default "k8s.io")
+#                       space-separated containerd namespaces to export or
+#                       import (default "k8s.io")
 # --containerd-address S
-#                       containerd's socket, for --export (default
+#                       containerd's socket, for --export and --import (default
 #                       /run/containerd/containerd.sock)
 # --service-manager M   systemd | none | auto (default: systemd when the
 #                       host runs it). none: the daemon runs as a detached
@@ -46,7 +58,7 @@
 #                       installed, reads its config and (without systemd)
 #                       logs
 #
-# Every option except --binary, --cri, --no-start, --export and --purge can
+# Every option except --binary, --cri, --no-start, --import, --export and --purge can
 # also be given in the environment (GS_HOST_ROOT, GS_HOST_PID,
 # GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
 # GS_CONTAINERD_ADDRESS, GS_EXPORT_NAMESPACES, GS_ROOT, GS_SOCKET,
@@ -75,6 +87,7 @@ LOG_FILE=${GS_LOG_FILE:-/var/log/grouped-snapshotter.log}
 CONTAINERD_ADDRESS=${GS_CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
 EXPORT_NAMESPACES=${GS_EXPORT_NAMESPACES:-k8s.io}
 EXPORT=0
+IMPORT=0
 BINARY=
 CRI=0
 START=1
@@ -90,6 +103,7 @@ while [ $# -gt 0 ]; do
 	--no-start) START=0; shift ;;
 	--purge) PURGE=1; shift ;;
 	--export) EXPORT=1; shift ;;
+	--import) IMPORT=1; shift ;;
 	--export-namespaces) need "$@"; EXPORT_NAMESPACES=$2; shift 2 ;;
 	--containerd-address) need "$@"; CONTAINERD_ADDRESS=$2; shift 2 ;;
 	--service-manager) need "$@"; SERVICE_MANAGER=$2; shift 2 ;;
@@ -116,6 +130,9 @@ BIN=$BIN_DIR/grouped-snapshotter
 UNIT=/etc/systemd/system/grouped-snapshotter.service
 CONFD=$(dirname "$CONTAINERD_CONFIG")/conf.d
 DROPIN=$CONFD/grouped-snapshotter.toml
+# CRI_PAUSE turns CRI's gRPC service off while switch_cri moves the last
+# images between snapshotters; it exists only for those seconds.
+CRI_PAUSE=$CONFD/grouped-snapshotter-cri-paused.toml
 IMPORT_PATTERN=$CONFD/*.toml
 RUN_DIR=$(dirname "$SOCKET")
 PIDFILE=$RUN_DIR/grouped-snapshotter.pid
@@ -361,6 +378,10 @@ do_install() {
 		done
 	fi
 	[ -n "$BINARY" ] && [ -x "$BINARY" ] || { echo "install.sh: no grouped-snapshotter binary (use --binary)" >&2; exit 1; }
+	plan_move
+	# Before anything is written: a node where the images cannot move is
+	# refused as it is.
+	[ -z "$MOVE" ] || check_move
 	rendered=$(mktemp)
 	trap 'rm -f "$rendered"' EXIT
 	if install_file "$BINARY" "$H$BIN" 0755; then BINARY_CHANGED=1; fi
@@ -382,15 +403,184 @@ do_install() {
 		mkdir -p "$H$CONFD"
 		: >"$H$CONFD/.created-by-grouped-snapshotter"
 	fi
+	if [ -n "$MOVE" ]; then
+		switch_cri
+		echo "grouped-snapshotter installed"
+		return 0
+	fi
 	dropin >"$rendered"
 	dropin_changed=0
 	if install_file "$rendered" "$H$DROPIN" 0644; then dropin_changed=1; fi
+	# A switch that died with CRI off (its watchdog turns CRI on again
+	# within seconds; this is the case it could not run).
+	if [ -f "$H$CRI_PAUSE" ]; then
+		rm -f "$H$CRI_PAUSE"
+		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
+		dropin_changed=1
+	fi
 	ensure_imports
 	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
 		echo "the snapshotter answers on $SOCKET: containerd can load the drop-in"
 		restart_containerd
 	fi
 	echo "grouped-snapshotter installed"
+}
+
+# --- moving CRI's images when its snapshotter changes (--import, --export) ---
+
+# cri_on_grouped: the installed drop-in makes grouped CRI's snapshotter.
+cri_on_grouped() {
+	[ -f "$H$DROPIN" ] && grep -q "io.containerd.cri.v1.images" "$H$DROPIN"
+}
+
+# plan_move sets MOVE to import or export when this install switches CRI's
+# snapshotter and is asked to move the images first, to "" otherwise, and
+# FROM/TO to the two snapshotters' names.
+MOVE=
+plan_move() {
+	if [ "$IMPORT" = 1 ] && [ "$CRI" = 0 ]; then
+		echo "install.sh: --import moves the node's images for CRI: it needs --cri" >&2
+		exit 2
+	fi
+	if [ "$IMPORT" = 1 ] && [ "$EXPORT" = 1 ]; then
+		echo "install.sh: install takes --import (with --cri) or --export (without), not both" >&2
+		exit 2
+	fi
+	if [ "$START" = 0 ] && { [ "$IMPORT" = 1 ] || [ "$EXPORT" = 1 ]; }; then
+		echo "install.sh: --import and --export need the daemon and containerd running; not with --no-start" >&2
+		exit 2
+	fi
+	if [ "$IMPORT" = 1 ]; then
+		if cri_on_grouped; then
+			echo "CRI already runs on grouped: nothing to import"
+		else
+			MOVE=import FROM=overlayfs TO=grouped
+		fi
+	elif [ "$EXPORT" = 1 ] && [ "$CRI" = 0 ]; then
+		if cri_on_grouped; then
+			MOVE=export FROM=grouped TO=overlayfs
+		else
+			echo "CRI does not run on grouped: nothing to export"
+		fi
+	elif [ "$EXPORT" = 1 ]; then
+		echo "install.sh: install --export moves CRI's images back to overlayfs: not with --cri" >&2
+		exit 2
+	fi
+}
+
+# abs_binary prints --binary as a path the host can execute before it is
+# installed: in the DaemonSet through this process's root (hostPID).
+abs_binary() {
+	b=$(cd "$(dirname "$BINARY")" && pwd)/$(basename "$BINARY")
+	if [ -n "$H" ]; then b=/proc/$$/root$b; fi
+	echo "$b"
+}
+
+# move_images BIN [FLAG...] runs `BIN $MOVE` for each namespace of
+# --export-namespaces. Its output says what it does.
+move_images() {
+	bin=$1
+	shift
+	for ns in $EXPORT_NAMESPACES; do
+		host "$bin" "$MOVE" --containerd-address "$CONTAINERD_ADDRESS" --namespace "$ns" "$@" || return 1
+	done
+}
+
+# check_move refuses, before the install writes anything, a node whose
+# images cannot move: containerd does not answer, an image cannot move, or
+# the copies (the two roots on different filesystems) would not fit.
+check_move() {
+	echo "checking that the images of containerd namespaces $EXPORT_NAMESPACES can move from $FROM to $TO"
+	dest=
+	[ "$MOVE" = export ] || dest="--destination-root $ROOT"
+	# shellcheck disable=SC2086 # dest is a list of words
+	if ! move_images "$(abs_binary)" --dry-run $dest; then
+		echo "install.sh: the node's images cannot move from $FROM to $TO (above): nothing was installed or changed" >&2
+		exit 1
+	fi
+}
+
+# pause_cri turns CRI's gRPC service off with a containerd restart: kubelet
+# can then neither pull nor start anything. A host process outside this
+# pod turns it on again should this script die meanwhile (a pod deleted
+# mid-switch): without CRI, kubelet could not start the pod that would
+# finish the switch.
+pause_cri() {
+	cat >"$H$CRI_PAUSE.tmp.$$" <<TOML
+# Written by grouped-snapshotter's install.sh while it moves the last of
+# CRI's images from $FROM to $TO; removed seconds later, when CRI comes
+# back on $TO. Left behind, it keeps kubelet from working: remove it and
+# restart containerd, or run the install again.
+version = 3
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+TOML
+	mv -f "$H$CRI_PAUSE.tmp.$$" "$H$CRI_PAUSE"
+	detach "" '
+		pid=$1 pause=$2 restart=$3
+		while kill -0 "$pid" 2>/dev/null && [ -e "$pause" ]; do sleep 1; done
+		[ -e "$pause" ] || exit 0
+		rm -f "$pause"
+		exec sh -c "$restart"' "$$" "$CRI_PAUSE" "$CONTAINERD_RESTART"
+	echo "turning CRI off: pods neither start nor pull until it is back"
+	restart_containerd
+}
+
+# resume_cri_refuse MESSAGE: CRI on again as it was, then the refusal.
+resume_cri_refuse() {
+	rm -f "$H$CRI_PAUSE"
+	echo "turning CRI on again, on $FROM as before"
+	restart_containerd || true
+	echo "install.sh: $1; CRI runs its pods from $FROM as before the install, nothing was switched; run the install again to finish (the $MOVE resumes)" >&2
+	exit 1
+}
+
+# switch_cri changes CRI's snapshotter from FROM to TO so that no pod
+# pulls or unpacks an image FROM holds, a pod created meanwhile included:
+#  1. containerd loads the drop-in with CRI's snapshotter unchanged (a
+#     restart if the drop-in or the imports line changed), so that it knows
+#     both snapshotters; CRI keeps serving pods from FROM;
+#  2. the images move while CRI keeps working: the long part, hard links
+#     (copies across filesystems);
+#  3. CRI's gRPC service goes off (a restart): no pull and no pod start
+#     can happen from here; what kubelet pulled during 2 moves, usually
+#     nothing, in a fraction of a second per image;
+#  4. CRI comes back on TO (a restart), with every image it holds in TO.
+# A move that fails (containerd restarted or stopped answering during it,
+# no room) stops the switch with CRI still on FROM.
+switch_cri() {
+	want_cri=$CRI
+	if [ "$MOVE" = import ]; then CRI=0; else CRI=1; fi
+	dropin >"$rendered"
+	CRI=$want_cri
+	changed=0
+	if install_file "$rendered" "$H$DROPIN" 0644; then changed=1; fi
+	ensure_imports
+	if [ -f "$H$CRI_PAUSE" ]; then
+		rm -f "$H$CRI_PAUSE"
+		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
+		changed=1
+	fi
+	if [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; then
+		echo "the snapshotter answers on $SOCKET: containerd loads the drop-in; CRI keeps running pods from $FROM"
+		restart_containerd
+	fi
+	t0=$(date +%s)
+	echo "${MOVE}ing the images of containerd namespaces $EXPORT_NAMESPACES from $FROM to $TO while CRI keeps serving pods from $FROM"
+	if ! move_images "$BIN"; then
+		echo "install.sh: the $MOVE from $FROM to $TO failed (above); CRI runs its pods from $FROM as before, nothing was switched; run the install again to finish (the $MOVE resumes)" >&2
+		exit 1
+	fi
+	pause_cri
+	echo "${MOVE}ing what CRI pulled meanwhile"
+	if ! move_images "$BIN"; then
+		resume_cri_refuse "the $MOVE from $FROM to $TO failed (above)"
+	fi
+	dropin >"$rendered"
+	install_file "$rendered" "$H$DROPIN" 0644 || true
+	rm -f "$H$CRI_PAUSE"
+	echo "turning CRI on again, on $TO"
+	restart_containerd
+	echo "CRI switched from $FROM to $TO with every image of $EXPORT_NAMESPACES in $TO, in $(($(date +%s) - t0)) s"
 }
 
 # export_images: before anything is removed, make every image of the
@@ -419,7 +609,7 @@ do_uninstall() {
 	[ "$EXPORT" = 0 ] || export_images
 	removed_dropin=0
 	[ -f "$H$DROPIN" ] && removed_dropin=1
-	rm -f "$H$DROPIN"
+	rm -f "$H$DROPIN" "$H$CRI_PAUSE"
 	[ "$removed_dropin" = 0 ] || echo "removed $H$DROPIN"
 	if [ -f "$H$CONFD/.created-by-grouped-snapshotter" ]; then
 		rm -f "$H$CONFD/.created-by-grouped-snapshotter"
