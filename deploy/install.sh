@@ -564,7 +564,6 @@ switch_cri() {
 		echo "the snapshotter answers on $SOCKET: containerd loads the drop-in; CRI keeps running pods from $FROM"
 		restart_containerd
 	fi
-	t0=$(date +%s)
 	echo "${MOVE}ing the images of containerd namespaces $EXPORT_NAMESPACES from $FROM to $TO while CRI keeps serving pods from $FROM"
 	if ! move_images "$BIN"; then
 		echo "install.sh: the $MOVE from $FROM to $TO failed (above); CRI runs its pods from $FROM as before, nothing was switched; run the install again to finish (the $MOVE resumes)" >&2
@@ -580,7 +579,7 @@ switch_cri() {
 	rm -f "$H$CRI_PAUSE"
 	echo "turning CRI on again, on $TO"
 	restart_containerd
-	echo "CRI switched from $FROM to $TO with every image of $EXPORT_NAMESPACES in $TO, in $(($(date +%s) - t0)) s"
+	echo "CRI switched from $FROM to $TO with every image of $EXPORT_NAMESPACES in $TO"
 }
 
 # export_images: before anything is removed, make every image of the
