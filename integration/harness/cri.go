@@ -98,7 +98,11 @@ func (c *CRI) config(e *Env, ctrd *Containerd) string {
 	q := strconv.Quote
 	var b strings.Builder
 	images := "plugins.'io.containerd.cri.v1.images'"
-	fmt.Fprintf(&b, "[%s]\n  snapshotter = %s\n", images, q(e.SnapshotterName))
+	snapshotter := e.SnapshotterName
+	if e.criSnapshotter != "" {
+		snapshotter = e.criSnapshotter
+	}
+	fmt.Fprintf(&b, "[%s]\n  snapshotter = %s\n", images, q(snapshotter))
 	fmt.Fprintf(&b, "  [%s.pinned_images]\n    sandbox = %s\n", images, q(c.PauseRef))
 	// A plain-HTTP registry needs a hosts.toml; CRI reads them from here.
 	fmt.Fprintf(&b, "  [%s.registry]\n    config_path = %s\n", images, q(ctrd.HostsDir))

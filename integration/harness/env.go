@@ -77,6 +77,9 @@ type Options struct {
 	// pods started on one (CRI.RunPodOn) unpack their images into it at
 	// container creation if they were pulled into another.
 	CRIRuntimes map[string]string
+	// CRISnapshotter is CRI's own snapshotter (`install.sh install` without
+	// --cri leaves containerd's overlayfs there); "" is Snapshotter.
+	CRISnapshotter string
 	// SnapshotterRoot is the grouped-snapshotter daemon's --root; empty
 	// means <Env dir>/gs. A test puts it on another filesystem than
 	// containerd's root this way. Close unmounts what is under it and
@@ -115,8 +118,10 @@ type Env struct {
 	hostState   hostState
 	withCRI     bool
 	criRuntimes map[string]string
-	extraTOML   string
-	imports     bool
+	// criSnapshotter is Options.CRISnapshotter.
+	criSnapshotter string
+	extraTOML      string
+	imports        bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
 	// snapshotterBin is Options.SnapshotterBin, binIsGrouped
@@ -173,6 +178,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		hostState:       recordHostState(),
 		withCRI:         opts.CRI,
 		criRuntimes:     opts.CRIRuntimes,
+		criSnapshotter:  opts.CRISnapshotter,
 		extraTOML:       opts.ContainerdConfig,
 		imports:         opts.ContainerdImports,
 		capabilities:    opts.SnapshotterCapabilities,
