@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -173,11 +174,24 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
 	checkDiffer(o, cfg, files, add)
+	// The transfer service unpacks only for the listed platforms.
+	want := "linux/" + runtime.GOARCH
+	var others []string
 	for _, u := range cfg.unpack {
-		if s, _ := u["snapshotter"].(string); s == o.Name {
-			add("containerd-unpack", OK, "transfer service unpacks for %s (platform %v)", o.Name, u["platform"])
-			return
+		s, _ := u["snapshotter"].(string)
+		if s != o.Name {
+			continue
 		}
+		if p, _ := u["platform"].(string); p != want {
+			others = append(others, p)
+			continue
+		}
+		add("containerd-unpack", OK, "transfer service unpacks for %s (platform %s)", o.Name, want)
+		return
+	}
+	if len(others) > 0 {
+		add("containerd-unpack", Fail, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]] for %s lists platform %q, not this node's %q: pulls with --snapshotter %s fail with \"no unpack platforms defined\"", o.Name, others, want, o.Name)
+		return
 	}
 	add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
 }

@@ -3,6 +3,7 @@ package preflight
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -20,11 +21,29 @@ const goodProxy = `version = 3
     root = "/var/lib/gs"
 `
 
-const goodUnpack = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-  platform = "linux/amd64"
+var goodUnpack = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/` + runtime.GOARCH + `"
   snapshotter = "grouped"
   differ = "walking"
 `
+
+// TestCheckUnpackPlatform: an unpack_config for another architecture
+// leaves grouped's pulls on this node without an unpack platform.
+func TestCheckUnpackPlatform(t *testing.T) {
+	other := "linux/arm64"
+	if runtime.GOARCH == "arm64" {
+		other = "linux/amd64"
+	}
+	path := filepath.Join(t.TempDir(), "config.toml")
+	wrong := strings.Replace(goodUnpack, "linux/"+runtime.GOARCH, other, 1)
+	if err := os.WriteFile(path, []byte(goodProxy+wrong), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := statuses(CheckContainerdConfig(configOptions(path)))["containerd-unpack"]
+	if r.Status != Fail || !strings.Contains(r.Detail, other) || !strings.Contains(r.Detail, "linux/"+runtime.GOARCH) {
+		t.Errorf("containerd-unpack with platform %s: %s %q, want a failure naming both platforms", other, r.Status, r.Detail)
+	}
+}
 
 // staleDiffer is what earlier installs wrote: the daemon as containerd's
 // first differ.
