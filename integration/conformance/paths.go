@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"runtime"
 	"strings"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -34,8 +35,8 @@ type unpackPath struct {
 
 // overlayUnpackConfig lets the transfer service (ctr and CRI pulls) unpack
 // into overlayfs too: the harness configures only the Env's snapshotter.
-const overlayUnpackConfig = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
-  platform = "linux/amd64"
+var overlayUnpackConfig = `[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/` + runtime.GOARCH + `"
   snapshotter = "overlayfs"
   differ = "walking"
 `
