@@ -27,7 +27,8 @@ func TestOperations(t *testing.T) {
 		t.Fatal("the integration tests need root: run `sudo go test ./integration/...`")
 	}
 	ctx := context.Background()
-	env, err := harness.Start(ctx, harness.Options{})
+	// Mapped parents, which mode auto makes on containerd before 2.3 only.
+	env, err := harness.Start(ctx, harness.Options{IDMap: "view"})
 	if err != nil {
 		t.Fatal(err)
 	}

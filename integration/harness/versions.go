@@ -203,3 +203,16 @@ func removeShimSockets(address string, bundles []string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// MappedParentsByDefault reports whether grouped-snapshotter's default idmap
+// mode (auto) gives user-namespaced snapshots mapped parents on containerd
+// version: before 2.3, whose differ cannot read the shim's uidmap= shape.
+// From 2.3 on they get the shim's shape, and the shim idmaps the layer
+// parent once per container start.
+func MappedParentsByDefault(version string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(version, "v"), "%d.%d", &major, &minor); err != nil {
+		return true // the daemon's answer when containerd's release is unknown
+	}
+	return major < 2 || major == 2 && minor < 3
+}

@@ -122,3 +122,11 @@ func TestReleaseQuirks(t *testing.T) {
 		t.Errorf("ContainerdVersions %v: want oldest first, v2.0.5 to v2.4.2", got)
 	}
 }
+
+func TestMappedParentsByDefault(t *testing.T) {
+	for v, want := range map[string]bool{ContainerdV2_0: true, "v2.1.4": true, "v2.2.9": true, "v2.3.7": false, ContainerdV2_4: false, "v3.0.0": false, "dev": true} {
+		if got := MappedParentsByDefault(v); got != want {
+			t.Errorf("MappedParentsByDefault(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
