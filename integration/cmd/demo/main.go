@@ -160,8 +160,9 @@ func run(ctx context.Context, snapshotter string, layers int, verbose bool) (err
 }
 
 // usernsStep starts two user-namespaced containers with one mapping, as
-// the pods of a Kubernetes user namespace would, and shows that they share
-// one idmapped view and cost one plain overlay mount each.
+// the pods of a Kubernetes user namespace would, and shows how their layers
+// are idmapped: through one shared mapped parent, or (containerd 2.3 and
+// later, in the default mode) by the shim once per start.
 func (d *demo) usernsStep(ctx context.Context, env *harness.Env, ref, snapshotter, id string) error {
 	d.step("Running two user-namespaced containers with the same mapping")
 	remap := []string{"--remap-labels", "--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"}
@@ -186,7 +187,7 @@ func (d *demo) usernsStep(ctx context.Context, env *harness.Env, ref, snapshotte
 			}
 			shimIdmap := "no uidmap= option: the shim makes no idmapped mount"
 			if idmapped {
-				shimIdmap = "uidmap= option: the shim idmaps at every start"
+				shimIdmap = "uidmap= option: the shim idmaps the layer parent once at every start"
 			}
 			d.say("%s: %d mount, %s with %d lowerdirs, %s", cid, len(mounts), m.FSType, len(lowers), shimIdmap)
 			d.say("  bottom layer read through %s", where)
@@ -207,7 +208,11 @@ func (d *demo) usernsStep(ctx context.Context, env *harness.Env, ref, snapshotte
 			return err
 		}
 		// The first mount is v/ itself (a private bind); the rest are views.
-		d.say("idmapped views under %s/v: %d, shared by both containers", env.Snapshotter.Root, len(views)-1)
+		if n := len(views) - 1; n > 0 {
+			d.say("mapped parents (idmapped views) under %s/v: %d, shared by both containers", env.Snapshotter.Root, n)
+		} else {
+			d.say("no mapped parent: containerd %s diffs the shim's uidmap= shape correctly, so grouped's default (idmap = \"auto\") lets its shim idmap the layer parent once per start; on containerd before 2.3, or with idmap = \"view\", both containers share one mapped parent", env.ContainerdVersion)
+		}
 	}
 	d.done()
 	return nil
