@@ -164,7 +164,9 @@ func Read(path string, v any) error {
 // rowLabel is a row's label in the README's table.
 func rowLabel(r MountSyscallRow) string {
 	if r.Snapshotter == "grouped" {
-		return "grouped-snapshotter, containerd " + r.Containerd
+		// The table measures mapped parents (idmap "view"), which the default
+		// mode (auto) makes on containerd before 2.3 only.
+		return "grouped-snapshotter (mapped parent), containerd " + r.Containerd
 	}
 	return "containerd's " + r.Snapshotter + ", " + r.Containerd
 }

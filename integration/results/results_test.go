@@ -30,9 +30,9 @@ func TestRenderMountSyscalls(t *testing.T) {
 	}
 	want := `| user-namespaced start | 1 layer | 50 layers | 400 layers | 500 layers |
 |---|---|---|---|---|
-| grouped-snapshotter, containerd v2.4.2 | 3 | 3 | – | 3 |
+| grouped-snapshotter (mapped parent), containerd v2.4.2 | 3 | 3 | – | 3 |
 | containerd's overlayfs, v2.4.2 | 8 | 8 | – | 8 |
-| grouped-snapshotter, containerd v2.0.5 | 6 | 6 | 6 | fails¹ |
+| grouped-snapshotter (mapped parent), containerd v2.0.5 | 6 | 6 | 6 | fails¹ |
 `
 	if !strings.HasPrefix(got, want) {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
