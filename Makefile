@@ -10,7 +10,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build tools tools-demo tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-full bench-ab bench-quick bench-resume bench-readme install uninstall readme-tables update-results
+.PHONY: all build tools tools-demo tools-k8s demo test test-unit test-integration test-compat vet fuzz clean bench bench-full bench-density bench-ab bench-quick bench-resume bench-readme install uninstall readme-tables update-results
 
 all: build
 
@@ -50,8 +50,13 @@ demo: tools-demo
 bench: tools
 	cd bench && $(GO) run ./cmd/bench
 
-bench-full: tools
+bench-full: tools tools-k8s
 	cd bench && $(GO) run ./cmd/bench -full
+
+# bench-density: scenario 7 of bench-full alone, pod startup at node
+# density on the real single-node Kubernetes (bench/results/density.*).
+bench-density: tools tools-k8s
+	cd bench && $(GO) run ./cmd/bench -density
 
 bench-resume: tools
 	cd bench && $(GO) run ./cmd/bench -resume results/latest-partial.json
@@ -71,7 +76,7 @@ bench-ab: tools
 # TestBenchREADMECurrent fails while they are stale.
 bench-readme:
 	cd bench && for doc in ../README.md ../docs/benchmarks.md; do \
-		$(GO) run ./cmd/bench -render results/latest.json -readme $$doc || exit 1; \
+		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -readme $$doc || exit 1; \
 	done
 
 # Every module for the host's architecture and for arm64 (one code path on
@@ -144,8 +149,12 @@ test-compat: tools
 
 # Install on this node as a systemd service and register it with containerd
 # (HOST_ROOT=/some/dir installs files only, into that tree). Idempotent.
+# It installs what `make build` built and does not build: `sudo make
+# install` runs with sudo's PATH, which has no Go on most nodes, and a build
+# as root would leave root-owned files in the checkout.
 HOST_ROOT ?= /
-install: build
+install:
+	@test -x bin/grouped-snapshotter || { echo "make install: no bin/grouped-snapshotter: run make build first (as yourself)" >&2; exit 1; }
 	deploy/install.sh install --host-root $(HOST_ROOT) --binary bin/grouped-snapshotter $(if $(filter /,$(HOST_ROOT)),,--no-start)
 
 uninstall:

@@ -358,7 +358,13 @@ start_service() {
 	if [ "$SERVICE_MANAGER" = systemd ]; then
 		host systemctl daemon-reload
 		host systemctl enable grouped-snapshotter.service >/dev/null
-		host systemctl restart grouped-snapshotter.service
+		# A new binary or unit (or a first install) restarts the daemon;
+		# an unchanged one keeps serving, as without systemd.
+		if [ "$BINARY_CHANGED" = 1 ] || [ "$UNIT_CHANGED" = 1 ]; then
+			host systemctl restart grouped-snapshotter.service
+		else
+			host systemctl start grouped-snapshotter.service
+		fi
 	else
 		# A new binary (or a first install) restarts the daemon; an
 		# unchanged one keeps serving.
@@ -371,6 +377,7 @@ start_service() {
 }
 
 BINARY_CHANGED=0
+UNIT_CHANGED=0
 do_install() {
 	if [ -z "$BINARY" ]; then
 		for b in "$HERE/grouped-snapshotter" "$HERE/../bin/grouped-snapshotter"; do
@@ -387,7 +394,7 @@ do_install() {
 	if install_file "$BINARY" "$H$BIN" 0755; then BINARY_CHANGED=1; fi
 	if [ "$SERVICE_MANAGER" = systemd ]; then
 		unit >"$rendered"
-		install_file "$rendered" "$H$UNIT" 0644 || true
+		if install_file "$rendered" "$H$UNIT" 0644; then UNIT_CHANGED=1; fi
 	fi
 	if [ ! -f "$H$CONFIG_FILE" ]; then
 		# The operator's config is never overwritten.

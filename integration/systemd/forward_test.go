@@ -1,0 +1,142 @@
+package systemd
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// forwarder makes the host's registry answer at the same address inside a
+// machine's private network namespace: it listens there and forwards each
+// connection to the registry on the host. It counts the connections, so a
+// test can show that nothing was pulled, and Close makes the registry
+// unreachable from the machine.
+type forwarder struct {
+	l     net.Listener
+	conns atomic.Int64
+
+	mu     sync.Mutex
+	open   map[net.Conn]bool
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// listenIn listens on addr (TCP) in the network namespace netns. The socket
+// is made by a thread that joined netns and then ends with its goroutine,
+// so no other goroutine ever runs in that namespace.
+func listenIn(netns, addr string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread, moved to another namespace, exits.
+		runtime.LockOSThread()
+		f, err := os.Open(netns)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("join %s: %w", netns, err)}
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		ch <- result{l, err}
+	}()
+	r := <-ch
+	return r.l, r.err
+}
+
+// forward serves addr in netns, forwarding to the same address on the host.
+func forward(netns, addr string) (*forwarder, error) {
+	l, err := listenIn(netns, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s in %s: %w", addr, netns, err)
+	}
+	f := &forwarder{l: l, open: map[net.Conn]bool{}}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			f.conns.Add(1)
+			f.wg.Add(1)
+			go func() {
+				defer f.wg.Done()
+				f.pipe(c, addr)
+			}()
+		}
+	}()
+	return f, nil
+}
+
+func (f *forwarder) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		c.Close()
+		return false
+	}
+	f.open[c] = true
+	return true
+}
+
+func (f *forwarder) pipe(in net.Conn, addr string) {
+	if !f.track(in) {
+		return
+	}
+	out, err := net.Dial("tcp", addr)
+	if err != nil {
+		in.Close()
+		return
+	}
+	if !f.track(out) {
+		in.Close()
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+	<-done
+	in.Close()
+	out.Close()
+	<-done
+	f.mu.Lock()
+	delete(f.open, in)
+	delete(f.open, out)
+	f.mu.Unlock()
+}
+
+// Conns is the number of connections the machine made to the registry.
+func (f *forwarder) Conns() int64 { return f.conns.Load() }
+
+// Close stops listening and ends every open connection.
+func (f *forwarder) Close() {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.closed = true
+	f.l.Close()
+	for c := range f.open {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}

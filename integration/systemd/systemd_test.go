@@ -1,0 +1,336 @@
+// Package systemd drives the README's "Install on a node (systemd)" path
+// under a real systemd: each test boots a Debian 12 root with systemd as
+// PID 1 of a private container (systemd-nspawn --boot; the root is made
+// once by debootstrap and cached in .tools/systemd-root/), installs a
+// containerd release with containerd's own unit, runs the README's install
+// commands verbatim inside, and checks the units, the plugin, user-namespaced
+// containers and CRI pods, restarts, a reboot and the uninstall. It needs
+// root, systemd-container and debootstrap (apt), and the tools of
+// hack/install-tools.sh:
+//
+//	hack/gotest.sh -timeout=30m ./integration/systemd/...
+package systemd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(m.Run())
+}
+
+const unit = "grouped-snapshotter.service"
+
+// TestSystemdNode runs the whole systemd path on containerd v2.4.2: install
+// (--cri), the units' states, the plugin and check, a user-namespaced
+// container and a user-namespaced CRI pod, restarts of both services and a
+// crash of the daemon with containers running, a reboot, and the
+// uninstall with --export --purge.
+func TestSystemdNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	n := newNode(t, harness.ContainerdV2_4)
+	step := n.step
+	step("install", func(t *testing.T) { n.install(ctx, t) })
+	step("plugin-and-check", func(t *testing.T) { n.checkPlugin(ctx, t) })
+
+	var tasks map[string]string
+	var podCtr string
+	var podPID int
+	step("userns-container-and-pod", func(t *testing.T) {
+		n.MustExec(ctx, "ctr images pull --plain-http --snapshotter grouped "+n.image+" >/dev/null")
+		n.runUserns(ctx, "userns-a", 100000)
+		n.runUserns(ctx, "userns-b", 200000)
+		tasks = n.ctrTasks(ctx, "default")
+		for _, id := range []string{"userns-a", "userns-b"} {
+			if !strings.HasSuffix(tasks[id], " RUNNING") {
+				t.Fatalf("task %s: %q, want RUNNING (tasks %v)", id, tasks[id], tasks)
+			}
+		}
+		pid := strings.Fields(tasks["userns-a"])[0]
+		if m := n.MustExec(ctx, "cat /proc/"+pid+"/uid_map"); !regexp.MustCompile(`^\s*0\s+100000\s+65536\s*$`).MatchString(m) {
+			t.Fatalf("userns-a's uid_map: %q", m)
+		}
+		// CRI pulls into grouped (install --cri), and a user-namespaced pod.
+		n.MustExec(ctx, "crictl pull "+n.image+" >/dev/null")
+		_, podCtr = n.runPod(ctx, "userns-pod", 300000)
+		if podPID = n.criPID(ctx, podCtr); podPID == 0 {
+			t.Fatalf("pod container %s is not running", podCtr)
+		}
+		if m := n.MustExec(ctx, "cat /proc/"+strconv.Itoa(podPID)+"/uid_map"); !strings.Contains(m, "300000") {
+			t.Fatalf("the pod's container is not in its user namespace: uid_map %q", m)
+		}
+		if out := n.MustExec(ctx, "ctr -n k8s.io snapshots --snapshotter grouped ls | wc -l"); strings.TrimSpace(out) == "1" {
+			t.Fatal("CRI made no snapshot in grouped")
+		}
+	})
+
+	// The containers, and the services' main pids, before the restarts.
+	running := func(t *testing.T, when string) {
+		t.Helper()
+		now := n.ctrTasks(ctx, "default")
+		for _, id := range []string{"userns-a", "userns-b"} {
+			if now[id] != tasks[id] {
+				t.Errorf("%s: task %s is %q, was %q", when, id, now[id], tasks[id])
+			}
+		}
+		if pid := n.criPID(ctx, podCtr); pid != podPID {
+			t.Errorf("%s: the pod's container runs as pid %d, was %d", when, pid, podPID)
+		}
+	}
+	step("restarts", func(t *testing.T) {
+		before := n.show(ctx, unit, "MainPID")["MainPID"]
+		n.MustExec(ctx, "systemctl restart grouped-snapshotter")
+		st := n.show(ctx, unit, "ActiveState", "SubState", "MainPID")
+		if st["ActiveState"] != "active" || st["SubState"] != "running" || st["MainPID"] == before {
+			t.Fatalf("after systemctl restart grouped-snapshotter: %v (main pid was %s)", st, before)
+		}
+		running(t, "after systemctl restart grouped-snapshotter")
+
+		before = n.show(ctx, "containerd", "MainPID")["MainPID"]
+		n.MustExec(ctx, "systemctl restart containerd")
+		if st := n.show(ctx, "containerd", "ActiveState", "MainPID"); st["ActiveState"] != "active" || st["MainPID"] == before {
+			t.Fatalf("after systemctl restart containerd: %v (main pid was %s)", st, before)
+		}
+		running(t, "after systemctl restart containerd")
+
+		// containerd restarted while the daemon is stopped starts it
+		// first: the unit is WantedBy and Before containerd.service.
+		n.MustExec(ctx, "systemctl stop grouped-snapshotter && systemctl restart containerd")
+		g := n.show(ctx, unit, "ActiveState", "ActiveEnterTimestampMonotonic")
+		c := n.show(ctx, "containerd", "ActiveState", "ExecMainStartTimestampMonotonic")
+		if g["ActiveState"] != "active" || c["ActiveState"] != "active" {
+			t.Fatalf("systemctl restart containerd with the daemon stopped: grouped %v, containerd %v", g, c)
+		}
+		if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["ExecMainStartTimestampMonotonic"]); ga == 0 || ga > cs {
+			t.Errorf("containerd started (%d) before the daemon was ready (%d)", cs, ga)
+		}
+		running(t, "after systemctl restart containerd with the daemon stopped")
+
+		// A crash: systemd starts the daemon again (Restart=on-failure).
+		before = n.show(ctx, unit, "MainPID")["MainPID"]
+		n.MustExec(ctx, "systemctl kill --signal=SIGKILL grouped-snapshotter")
+		harness.Eventually(t, 20*time.Second, func() error {
+			st := n.show(ctx, unit, "ActiveState", "SubState", "MainPID", "NRestarts")
+			if st["ActiveState"] != "active" || st["SubState"] != "running" || st["MainPID"] == before || st["NRestarts"] == "0" {
+				return fmt.Errorf("after SIGKILL: %v", st)
+			}
+			return nil
+		})
+		running(t, "after the daemon was killed")
+
+		// New user-namespaced containers start after all that.
+		n.MustExec(ctx, fmt.Sprintf("ctr run --rm --snapshotter grouped --uidmap %s --gidmap %s --remap-labels %s userns-c cat /layers/003",
+			idmap(400000), idmap(400000), n.image))
+	})
+
+	step("reboot", func(t *testing.T) {
+		n.drain(ctx)
+		n.Reboot(ctx)
+		n.checkBootOrder(ctx, t)
+		n.MustExec(ctx, fmt.Sprintf("ctr run --rm --snapshotter grouped --uidmap %s --gidmap %s --remap-labels %s userns-d cat /layers/003",
+			idmap(100000), idmap(100000), n.image))
+		_, ctr := n.runPod(ctx, "userns-pod-after-reboot", 300000)
+		if n.criPID(ctx, ctr) == 0 {
+			t.Fatalf("pod container %s is not running after the reboot", ctr)
+		}
+	})
+
+	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
+}
+
+// TestSystemdNodeContainerd20 is the shorter case on containerd v2.0.5:
+// install, a user-namespaced container, restarts of both services with it
+// running, and the uninstall.
+func TestSystemdNodeContainerd20(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	n := newNode(t, harness.ContainerdV2_0)
+	step := n.step
+	step("install", func(t *testing.T) { n.install(ctx, t) })
+	step("plugin-and-check", func(t *testing.T) { n.checkPlugin(ctx, t) })
+	step("userns-container-and-restarts", func(t *testing.T) {
+		n.MustExec(ctx, "ctr images pull --plain-http --snapshotter grouped "+n.image+" >/dev/null")
+		n.runUserns(ctx, "userns-a", 100000)
+		before := n.ctrTasks(ctx, "default")["userns-a"]
+		if !strings.HasSuffix(before, " RUNNING") {
+			t.Fatalf("task userns-a: %q", before)
+		}
+		// CRI's namespace gets the image too, for the export.
+		n.MustExec(ctx, "crictl pull "+n.image+" >/dev/null")
+		n.MustExec(ctx, "systemctl restart grouped-snapshotter && systemctl restart containerd")
+		for _, u := range []string{unit, "containerd"} {
+			if st := n.show(ctx, u, "ActiveState", "SubState"); st["ActiveState"] != "active" || st["SubState"] != "running" {
+				t.Fatalf("%s after the restarts: %v", u, st)
+			}
+		}
+		if now := n.ctrTasks(ctx, "default")["userns-a"]; now != before {
+			t.Fatalf("task userns-a after the restarts: %q, was %q", now, before)
+		}
+	})
+	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
+}
+
+func atoi(s string) int64 {
+	v, _ := strconv.ParseInt(s, 10, 64)
+	return v
+}
+
+// install runs the README's systemd install commands in the node's
+// checkout, as an operator would: `make build`, `sudo make install`,
+// `sudo grouped-snapshotter check`, then `install --cri` for CRI, and
+// checks the units. A second `install --cri` must change nothing.
+func (n *node) install(ctx context.Context, t *testing.T) {
+	cd := "cd " + checkout + " && "
+	out := n.MustExec(ctx, cd+"make build", n.goEnv...)
+	t.Logf("make build:\n%s", out)
+	out = n.MustExec(ctx, cd+"sudo make install", n.goEnv...)
+	t.Logf("sudo make install:\n%s", out)
+	out = n.MustExec(ctx, "sudo grouped-snapshotter check", n.goEnv...)
+	t.Logf("sudo grouped-snapshotter check:\n%s", out)
+	out = n.MustExec(ctx, cd+"sudo deploy/install.sh install --cri", n.goEnv...)
+	t.Logf("sudo deploy/install.sh install --cri:\n%s", out)
+
+	// Type=notify: active (running) means systemd saw READY=1; a daemon
+	// that never sent it would stay activating (start) and time out.
+	g := n.show(ctx, unit, "Type", "ActiveState", "SubState", "MainPID", "UnitFileState", "NRestarts", "Result", "KillMode", "NotifyAccess")
+	want := map[string]string{"Type": "notify", "ActiveState": "active", "SubState": "running", "UnitFileState": "enabled", "NRestarts": "0", "Result": "success"}
+	for k, v := range want {
+		if g[k] != v {
+			t.Errorf("%s: %s=%s, want %s (%v)", unit, k, g[k], v, g)
+		}
+	}
+	c := n.show(ctx, "containerd", "ActiveState", "SubState", "MainPID", "KillMode")
+	if c["ActiveState"] != "active" || c["SubState"] != "running" || c["KillMode"] != "process" {
+		t.Errorf("containerd.service: %v", c)
+	}
+	if out := n.MustExec(ctx, "systemctl is-active grouped-snapshotter containerd"); out != "active\nactive\n" {
+		t.Errorf("systemctl is-active: %q", out)
+	}
+	if out, _ := n.Exec(ctx, "systemctl is-enabled grouped-snapshotter containerd"); out != "enabled\nenabled\n" {
+		t.Errorf("systemctl is-enabled: %q", out)
+	}
+	t.Logf("%s: %v; containerd.service: %v", unit, g, c)
+
+	// Idempotent: nothing installed, nothing restarted.
+	out = n.MustExec(ctx, cd+"sudo deploy/install.sh install --cri")
+	if strings.Contains(out, "installed /") || strings.Contains(out, "restarting containerd") {
+		t.Errorf("a second install --cri changed the node:\n%s", out)
+	}
+	if g2 := n.show(ctx, unit, "MainPID")["MainPID"]; g2 != g["MainPID"] {
+		t.Errorf("a second install --cri restarted the daemon (main pid %s, was %s):\n%s", g2, g["MainPID"], out)
+	}
+	if c2 := n.show(ctx, "containerd", "MainPID")["MainPID"]; c2 != c["MainPID"] {
+		t.Errorf("a second install --cri restarted containerd (main pid %s, was %s):\n%s", c2, c["MainPID"], out)
+	}
+}
+
+// checkPlugin checks that containerd loaded the proxy plugin and that
+// `grouped-snapshotter check` passes with the CRI drop-in.
+func (n *node) checkPlugin(ctx context.Context, t *testing.T) {
+	out := n.MustExec(ctx, "ctr plugins ls 2>/dev/null")
+	ok := false
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == "io.containerd.snapshotter.v1" && f[1] == "grouped" && f[len(f)-1] == "ok" {
+			ok = true
+		}
+	}
+	if !ok {
+		t.Errorf("ctr plugins ls has no grouped snapshotter with status ok:\n%s", out)
+	}
+	out, err := n.Exec(ctx, "grouped-snapshotter check")
+	if err != nil {
+		t.Errorf("grouped-snapshotter check: %v", err)
+	}
+	t.Logf("grouped-snapshotter check:\n%s", out)
+}
+
+// checkBootOrder checks, after a boot, that both services came up enabled
+// and that containerd started only once the daemon was ready.
+func (n *node) checkBootOrder(ctx context.Context, t *testing.T) {
+	g := n.show(ctx, unit, "ActiveState", "SubState", "ActiveEnterTimestampMonotonic", "NRestarts")
+	c := n.show(ctx, "containerd", "ActiveState", "SubState", "ExecMainStartTimestampMonotonic", "NRestarts")
+	if g["ActiveState"] != "active" || g["SubState"] != "running" || c["ActiveState"] != "active" || c["SubState"] != "running" {
+		t.Fatalf("after the boot: %s %v, containerd %v", unit, g, c)
+	}
+	if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["ExecMainStartTimestampMonotonic"]); ga == 0 || ga > cs {
+		t.Errorf("at boot containerd started (%d µs) before the daemon was ready (%d µs)", cs, ga)
+	} else {
+		t.Logf("at boot the daemon was ready %.3f s before containerd started", float64(cs-ga)/1e6)
+	}
+	if g["NRestarts"] != "0" || c["NRestarts"] != "0" {
+		t.Errorf("services restarted during the boot: %s %v, containerd %v", unit, g, c)
+	}
+	if out := n.MustExec(ctx, "journalctl -b -u containerd --no-pager | grep -i grouped | grep -iE 'level=(error|fatal)' || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("containerd logged errors about grouped during the boot:\n%s", out)
+	}
+}
+
+// uninstall drains the node, runs `install.sh uninstall --export --purge`
+// and checks that nothing of grouped-snapshotter is left and that CRI's
+// images run from overlayfs without a pull: the node makes no connection to
+// the registry from the uninstall on.
+func (n *node) uninstall(ctx context.Context, t *testing.T) {
+	n.drain(ctx)
+	conns := n.fwd.Conns()
+	out := n.MustExec(ctx, "cd "+checkout+" && sudo deploy/install.sh uninstall --export --purge")
+	t.Logf("sudo deploy/install.sh uninstall --export --purge:\n%s", out)
+	n.MustExec(ctx, "systemctl daemon-reload")
+
+	// Files and directories.
+	paths := []string{"/etc/systemd/system/" + unit, "/usr/local/bin/grouped-snapshotter", "/etc/grouped-snapshotter",
+		"/etc/containerd/conf.d", "/run/grouped-snapshotter", "/var/lib/grouped-snapshotter", "/var/log/grouped-snapshotter.log"}
+	if out, _ := n.Exec(ctx, "for p in "+strings.Join(paths, " ")+"; do [ ! -e $p ] || echo $p; done; "+
+		"find /etc /usr/local /run/systemd -name '*grouped*' 2>/dev/null; true"); strings.TrimSpace(out) != "" {
+		t.Errorf("left after the uninstall:\n%s", out)
+	}
+	if data, err := os.ReadFile(n.Path("/etc/containerd/config.toml")); err != nil || string(data) != n.config {
+		t.Errorf("containerd's config after the uninstall (%v):\n%s\nwant:\n%s", err, data, n.config)
+	}
+	// systemd: no unit, loaded or on disk, nothing failed.
+	if out := n.MustExec(ctx, "systemctl list-units --all --no-legend 'grouped*'; systemctl list-unit-files --no-legend 'grouped*'; systemctl --failed --no-legend"); strings.TrimSpace(out) != "" {
+		t.Errorf("systemd still has after the uninstall and daemon-reload:\n%s", out)
+	}
+	if ls := n.show(ctx, unit, "LoadState")["LoadState"]; ls != "not-found" {
+		t.Errorf("%s: LoadState=%s after the uninstall, want not-found", unit, ls)
+	}
+	if out := n.MustExec(ctx, "systemctl is-system-running || true"); strings.TrimSpace(out) != "running" {
+		t.Errorf("systemctl is-system-running after the uninstall: %q", out)
+	}
+	// Processes and mounts.
+	if out := n.MustExec(ctx, "for p in /proc/[0-9]*; do c=$(cat $p/comm 2>/dev/null) && [ \"$c\" = grouped-snapsho ] && echo ${p#/proc/}; done; true"); strings.TrimSpace(out) != "" {
+		t.Errorf("grouped-snapshotter processes left: %s", out)
+	}
+	if out := n.MustExec(ctx, "grep grouped /proc/self/mountinfo || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("mounts left:\n%s", out)
+	}
+	// containerd runs without the plugin.
+	if st := n.show(ctx, "containerd", "ActiveState", "SubState"); st["ActiveState"] != "active" || st["SubState"] != "running" {
+		t.Errorf("containerd after the uninstall: %v", st)
+	}
+	if out := n.MustExec(ctx, "ctr plugins ls 2>/dev/null | grep grouped || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("containerd still lists grouped after the uninstall:\n%s", out)
+	}
+	// The exported images run from overlayfs, with the registry gone.
+	if n.version == harness.ContainerdV2_4 {
+		_, ctr := n.runPod(ctx, "pod-on-overlayfs", 0)
+		if n.criPID(ctx, ctr) == 0 {
+			t.Errorf("pod container %s does not run from overlayfs after the uninstall", ctr)
+		}
+	}
+	n.MustExec(ctx, "ctr -n k8s.io run --rm --snapshotter overlayfs "+n.image+" on-overlayfs cat /layers/003")
+	if got := n.fwd.Conns(); got != conns {
+		t.Errorf("the node connected to the registry %d times after the uninstall", got-conns)
+	}
+	n.drain(ctx)
+}
