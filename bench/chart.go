@@ -50,6 +50,13 @@ func Charts(res *Results, dir string) ([]string, error) {
 		}
 		names = append(names, name)
 	}
+	if len(res.Density) > 0 {
+		d, err := densityCharts(res, dir)
+		names = append(names, d...)
+		if err != nil {
+			return names, err
+		}
+	}
 	return names, nil
 }
 

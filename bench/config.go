@@ -204,6 +204,12 @@ type Config struct {
 	// Scenarios selects scenarios by name (starts, bursts, pulls, unpack,
 	// api, memory, import); empty runs all.
 	Scenarios []string
+	// Density are scenario 7's workloads: pods started at once on a real
+	// Kubernetes node.
+	Density []DensityWorkload `json:",omitempty"`
+	// DensityContenders selects scenario 7's contenders by name (see
+	// DensityContenders); grouped always runs. Empty runs all.
+	DensityContenders []string `json:",omitempty"`
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.
 	// Empty runs all.
@@ -293,6 +299,7 @@ func Full() Config {
 		MemoryActives:     100,
 		MemoryMappings:    10,
 		UnpackConcurrency: 4,
+		Density:           DefaultDensity,
 	}
 }
 
@@ -324,7 +331,7 @@ func Quick() Config {
 }
 
 // ScenarioNames are the names Config.Scenarios accepts.
-var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import"}
+var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import", "density"}
 
 // The filesystems scenario 3b can run on (Config.UnpackFilesystems).
 const (
@@ -384,6 +391,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: contender %q needs build A's binary (-ab-binary)", c.Name, GroupedA)
 	case c.ABBinary != "" && (c.runs("unpack") || c.runs("api") || c.runs("memory") || c.runs("import")):
 		return fmt.Errorf("bench config %s: an A/B compares the builds in the starts, bursts and pulls scenarios only", c.Name)
+	}
+	if c.runs("density") {
+		for _, w := range c.Density {
+			if w.Pods < 1 || w.Reps < 1 || (w.Image != DensityImageLayers && w.Image != DensityImageReal) || (w.Image == DensityImageLayers && w.Layers < 1) {
+				return fmt.Errorf("bench config %s: bad density workload %+v", c.Name, w)
+			}
+		}
+		for _, name := range c.DensityContenders {
+			if !slices.ContainsFunc(DensityContenders, func(k DensityContender) bool { return k.Name == name }) {
+				return fmt.Errorf("bench config %s: unknown density contender %q", c.Name, name)
+			}
+		}
+		if c.ABBinary != "" && len(c.Density) > 0 {
+			return fmt.Errorf("bench config %s: an A/B does not run the density scenario", c.Name)
+		}
 	}
 	for _, fs := range c.UnpackFilesystems {
 		if !slices.Contains(UnpackFilesystemNames, fs) {

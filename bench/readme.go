@@ -37,6 +37,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 	}{
 		{ReadmeBegin, ReadmeEnd, ReadmeTables},
 		{HeadlineBegin, HeadlineEnd, ReadmeHeadline},
+		{DensityBegin, DensityEnd, func(res *Results) string { return DensityTables(res.densitySource()) }},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {
@@ -108,6 +109,9 @@ func ReadmeHeadline(res *Results) string {
 			fmt.Fprintf(&rows, " %s |", short(burstRatio(res, v, OverlayfsName, shape)))
 		}
 		rows.WriteString("\n")
+	}
+	if d := res.densitySource(); len(d.Density) > 0 {
+		rows.WriteString(densityHeadlineRows(d, versions, short))
 	}
 	for _, n := range res.Config.PullLayers {
 		fmt.Fprintf(&rows, "| pull of a %d-layer image (`ctr images pull`, sequential unpack) |", n)

@@ -41,6 +41,7 @@ func Markdown(res *Results, charts []string, notes string) string {
 	writeAPI(&b, res)
 	writeMemory(&b, res)
 	writeImports(&b, res)
+	writeDensity(&b, res, charts)
 	writeTargets(&b, res)
 	if notes = strings.TrimSpace(notes); notes != "" {
 		fmt.Fprintf(&b, "## Notes on these results\n\n%s\n", notes)

@@ -123,6 +123,14 @@ func (r *Results) keepDone(prev *Results) error {
 			r.Pulls = append(r.Pulls, row)
 		}
 	}
+	for _, row := range prev.Density {
+		if done(densityUnit(row.Version, row.Rep, row.Observed)) {
+			r.Density = append(r.Density, row)
+		}
+	}
+	if r.DensityImage == nil {
+		r.DensityImage = prev.DensityImage
+	}
 	if done("unpack") {
 		r.Unpacks, r.UnpackSyscalls = prev.Unpacks, prev.UnpackSyscalls
 	}

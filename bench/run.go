@@ -33,6 +33,12 @@ type Results struct {
 	API            []APIRow
 	Memory         []MemoryRow
 	Imports        []ImportRow `json:",omitempty"`
+	// Density are scenario 7's runs, DensityImage its real-content image.
+	Density      []DensityRow `json:",omitempty"`
+	DensityImage *RealImage   `json:",omitempty"`
+	// densityRun is a separate run's density scenario shown with these
+	// results (MergeDensity).
+	densityRun *Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`
@@ -152,6 +158,11 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 		}
 		if err != nil {
 			return res, fmt.Errorf("containerd %s: %w", version, err)
+		}
+	}
+	if res.Config.runs("density") && len(res.Config.Density) > 0 {
+		if err := runDensity(ctx, cfg, regEnv.Registry, res); err != nil {
+			return res, err
 		}
 	}
 	if res.pending("import", "import") {

@@ -30,6 +30,7 @@ func allTargets(res *Results) []target {
 	ts = append(ts, unpackTargets(res)...)
 	ts = append(ts, erofsTargets(res)...)
 	ts = append(ts, apiTargets(res)...)
+	ts = append(ts, densityTargets(res)...)
 	return ts
 }
 

@@ -35,6 +35,10 @@ func main() {
 func run() error {
 	quick := flag.Bool("quick", false, "run the small configuration (make bench-quick)")
 	full := flag.Bool("full", false, "run every scenario (make bench-full); the default is the headline (make bench)")
+	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
+	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
+	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run besides grouped, e.g. overlayfs (default all)")
+	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
 	abBinary := flag.String("ab-binary", "", "A/B as -a, with build A given as a grouped-snapshotter binary")
 	aRef := flag.String("ab-ref", "", "with -ab-binary: what build A was built from, for the report")
@@ -81,6 +85,17 @@ func run() error {
 		if err := json.Unmarshal(data, res); err != nil {
 			return fmt.Errorf("decode %s: %w", *render, err)
 		}
+		if *densityResults != "" {
+			if data, err := os.ReadFile(*densityResults); err == nil {
+				d := &bench.Results{}
+				if err := json.Unmarshal(data, d); err != nil {
+					return fmt.Errorf("decode %s: %w", *densityResults, err)
+				}
+				res.MergeDensity(d)
+			} else if !os.IsNotExist(err) {
+				return err
+			}
+		}
 		if *readme != "" {
 			old, err := os.ReadFile(*readme)
 			if err != nil {
@@ -115,8 +130,8 @@ func run() error {
 		return errors.New("-b builds B, -binary gives it: give one")
 	}
 	ab := *a != "" || *abBinary != ""
-	if btoi(*quick)+btoi(*full)+btoi(ab) > 1 {
-		return errors.New("-quick, -full and an A/B (-a, -ab-binary) select different runs: give one")
+	if btoi(*quick)+btoi(*full)+btoi(ab)+btoi(*density) > 1 {
+		return errors.New("-quick, -full, -density and an A/B (-a, -ab-binary) select different runs: give one")
 	}
 	// The builds of the commits asked for, made before anything else.
 	if *a != "" {
@@ -137,6 +152,8 @@ func run() error {
 		cfg = bench.Quick()
 	case *full:
 		cfg = bench.Full()
+	case *density:
+		cfg = bench.Density()
 	case ab:
 		if *pairs < 3 {
 			return fmt.Errorf("-pairs %d: at least 3 pairs are needed for an interval", *pairs)
@@ -204,6 +221,14 @@ func run() error {
 		if cfg.Bursts, err = bench.ParseBurstShapes(*bursts); err != nil {
 			return err
 		}
+	}
+	if *densityWorkloads != "" {
+		if cfg.Density, err = bench.ParseDensityWorkloads(*densityWorkloads); err != nil {
+			return err
+		}
+	}
+	if *densityContenders != "" {
+		cfg.DensityContenders = strings.Split(*densityContenders, ",")
 	}
 	if *burstReps > 0 {
 		cfg.BurstReps = *burstReps
