@@ -105,6 +105,12 @@ func newMachine(t testing.TB, lower string) *machine {
 	if out, err := exec.Command("cp", "-a", filepath.Join(lower, "var", "lib")+"/.", filepath.Join(dir, "varlib")).CombinedOutput(); err != nil {
 		t.Fatalf("copy /var/lib: %v\n%s", err, out)
 	}
+	// A persistent journal (the previous boot's shutdown is checked), and
+	// a machine id of its own.
+	if err := os.MkdirAll(m.Path("/var/log/journal"), 0o2755); err != nil {
+		t.Fatal(err)
+	}
+	m.WriteFile("/etc/machine-id", fmt.Sprintf("%016x%016x\n", time.Now().UnixNano(), uint64(os.Getpid())<<20|uint64(n)), 0o444)
 	// The machine's host name, which sudo resolves.
 	m.WriteFile("/etc/hostname", m.name+"\n", 0o644)
 	m.appendFile("/etc/hosts", fmt.Sprintf("127.0.1.1\t%s\n", m.name))

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,15 +31,22 @@ func TestMain(m *testing.M) {
 
 const unit = "grouped-snapshotter.service"
 
-// TestSystemdNode runs the whole systemd path on containerd v2.4.2: install
-// (--cri), the units' states, the plugin and check, a user-namespaced
-// container and a user-namespaced CRI pod, restarts of both services and a
-// crash of the daemon with containers running, a reboot, and the
-// uninstall with --export --purge.
-func TestSystemdNode(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+// TestSystemdNode runs the whole systemd path on containerd v2.4.2.
+func TestSystemdNode(t *testing.T) { testNode(t, harness.ContainerdV2_4) }
+
+// TestSystemdNodeContainerd20 runs it on containerd v2.0.5, the oldest
+// release the project supports.
+func TestSystemdNodeContainerd20(t *testing.T) { testNode(t, harness.ContainerdV2_0) }
+
+// testNode runs the systemd path on containerd version: install (--cri),
+// the units' states, the plugin and check, a user-namespaced container and
+// a user-namespaced CRI pod, restarts of both services and a crash of the
+// daemon with containers running, a reboot, and the uninstall with
+// --export --purge.
+func testNode(t *testing.T, version string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	n := newNode(t, harness.ContainerdV2_4)
+	n := newNode(t, version)
 	step := n.step
 	step("install", func(t *testing.T) { n.install(ctx, t) })
 	step("plugin-and-check", func(t *testing.T) { n.checkPlugin(ctx, t) })
@@ -69,12 +77,12 @@ func TestSystemdNode(t *testing.T) {
 		if m := n.MustExec(ctx, "cat /proc/"+strconv.Itoa(podPID)+"/uid_map"); !strings.Contains(m, "300000") {
 			t.Fatalf("the pod's container is not in its user namespace: uid_map %q", m)
 		}
-		if out := n.MustExec(ctx, "ctr -n k8s.io snapshots --snapshotter grouped ls | wc -l"); strings.TrimSpace(out) == "1" {
+		if out := n.MustExec(ctx, "ctr -n k8s.io snapshots --snapshotter grouped ls 2>/dev/null | wc -l"); strings.TrimSpace(out) == "1" {
 			t.Fatal("CRI made no snapshot in grouped")
 		}
 	})
 
-	// The containers, and the services' main pids, before the restarts.
+	// The containers keep their pids through every restart.
 	running := func(t *testing.T, when string) {
 		t.Helper()
 		now := n.ctrTasks(ctx, "default")
@@ -103,15 +111,21 @@ func TestSystemdNode(t *testing.T) {
 		}
 		running(t, "after systemctl restart containerd")
 
-		// containerd restarted while the daemon is stopped starts it
-		// first: the unit is WantedBy and Before containerd.service.
-		n.MustExec(ctx, "systemctl stop grouped-snapshotter && systemctl restart containerd")
+		// A stop is clean (SIGTERM, exit 0: not "failed"), and containerd
+		// restarted while the daemon is stopped starts it first: the unit
+		// is WantedBy and Before containerd.service.
+		n.MustExec(ctx, "systemctl stop grouped-snapshotter")
+		if st := n.show(ctx, unit, "ActiveState", "Result", "ExecMainStatus"); st["ActiveState"] != "inactive" || st["Result"] != "success" {
+			t.Errorf("after systemctl stop grouped-snapshotter: %v", st)
+		}
+		running(t, "with the daemon stopped")
+		n.MustExec(ctx, "systemctl restart containerd")
 		g := n.show(ctx, unit, "ActiveState", "ActiveEnterTimestampMonotonic")
-		c := n.show(ctx, "containerd", "ActiveState", "ExecMainStartTimestampMonotonic")
+		c := n.show(ctx, "containerd", "ActiveState", "InactiveExitTimestampMonotonic")
 		if g["ActiveState"] != "active" || c["ActiveState"] != "active" {
 			t.Fatalf("systemctl restart containerd with the daemon stopped: grouped %v, containerd %v", g, c)
 		}
-		if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["ExecMainStartTimestampMonotonic"]); ga == 0 || ga > cs {
+		if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["InactiveExitTimestampMonotonic"]); ga == 0 || ga > cs {
 			t.Errorf("containerd started (%d) before the daemon was ready (%d)", cs, ga)
 		}
 		running(t, "after systemctl restart containerd with the daemon stopped")
@@ -148,38 +162,6 @@ func TestSystemdNode(t *testing.T) {
 	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
 }
 
-// TestSystemdNodeContainerd20 is the shorter case on containerd v2.0.5:
-// install, a user-namespaced container, restarts of both services with it
-// running, and the uninstall.
-func TestSystemdNodeContainerd20(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	n := newNode(t, harness.ContainerdV2_0)
-	step := n.step
-	step("install", func(t *testing.T) { n.install(ctx, t) })
-	step("plugin-and-check", func(t *testing.T) { n.checkPlugin(ctx, t) })
-	step("userns-container-and-restarts", func(t *testing.T) {
-		n.MustExec(ctx, "ctr images pull --plain-http --snapshotter grouped "+n.image+" >/dev/null")
-		n.runUserns(ctx, "userns-a", 100000)
-		before := n.ctrTasks(ctx, "default")["userns-a"]
-		if !strings.HasSuffix(before, " RUNNING") {
-			t.Fatalf("task userns-a: %q", before)
-		}
-		// CRI's namespace gets the image too, for the export.
-		n.MustExec(ctx, "crictl pull "+n.image+" >/dev/null")
-		n.MustExec(ctx, "systemctl restart grouped-snapshotter && systemctl restart containerd")
-		for _, u := range []string{unit, "containerd"} {
-			if st := n.show(ctx, u, "ActiveState", "SubState"); st["ActiveState"] != "active" || st["SubState"] != "running" {
-				t.Fatalf("%s after the restarts: %v", u, st)
-			}
-		}
-		if now := n.ctrTasks(ctx, "default")["userns-a"]; now != before {
-			t.Fatalf("task userns-a after the restarts: %q, was %q", now, before)
-		}
-	})
-	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
-}
-
 func atoi(s string) int64 {
 	v, _ := strconv.ParseInt(s, 10, 64)
 	return v
@@ -212,6 +194,18 @@ func (n *node) install(ctx context.Context, t *testing.T) {
 	c := n.show(ctx, "containerd", "ActiveState", "SubState", "MainPID", "KillMode")
 	if c["ActiveState"] != "active" || c["SubState"] != "running" || c["KillMode"] != "process" {
 		t.Errorf("containerd.service: %v", c)
+	}
+	// No mount namespace of its own: containerd and the shims must see
+	// the daemon's mounts.
+	if out := n.MustExec(ctx, "readlink /proc/1/ns/mnt /proc/"+g["MainPID"]+"/ns/mnt"); len(strings.Fields(out)) != 2 || strings.Fields(out)[0] != strings.Fields(out)[1] {
+		t.Errorf("the daemon runs in another mount namespace than PID 1: %q", out)
+	}
+	// systemd's own verdict on the unit file, and its warnings at load.
+	if out, err := n.Exec(ctx, "systemd-analyze verify /etc/systemd/system/"+unit+" 2>&1"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("systemd-analyze verify %s (%v):\n%s", unit, err, out)
+	}
+	if out := n.MustExec(ctx, "journalctl -b _PID=1 -p warning --no-pager -o cat | grep -i grouped || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("systemd warned about the unit:\n%s", out)
 	}
 	if out := n.MustExec(ctx, "systemctl is-active grouped-snapshotter containerd"); out != "active\nactive\n" {
 		t.Errorf("systemctl is-active: %q", out)
@@ -259,20 +253,43 @@ func (n *node) checkPlugin(ctx context.Context, t *testing.T) {
 // and that containerd started only once the daemon was ready.
 func (n *node) checkBootOrder(ctx context.Context, t *testing.T) {
 	g := n.show(ctx, unit, "ActiveState", "SubState", "ActiveEnterTimestampMonotonic", "NRestarts")
-	c := n.show(ctx, "containerd", "ActiveState", "SubState", "ExecMainStartTimestampMonotonic", "NRestarts")
+	c := n.show(ctx, "containerd", "ActiveState", "SubState", "InactiveExitTimestampMonotonic", "NRestarts", "After", "Wants")
 	if g["ActiveState"] != "active" || g["SubState"] != "running" || c["ActiveState"] != "active" || c["SubState"] != "running" {
 		t.Fatalf("after the boot: %s %v, containerd %v", unit, g, c)
 	}
-	if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["ExecMainStartTimestampMonotonic"]); ga == 0 || ga > cs {
+	// The unit's Before= and WantedBy= as systemd loaded them.
+	if !slices.Contains(strings.Fields(c["After"]), unit) || !slices.Contains(strings.Fields(c["Wants"]), unit) {
+		t.Errorf("containerd.service is not ordered after (or does not want) %s: After=%s Wants=%s", unit, c["After"], c["Wants"])
+	}
+	// containerd's start job (its ExecStartPre included) began only once
+	// the daemon had sent READY=1.
+	if ga, cs := atoi(g["ActiveEnterTimestampMonotonic"]), atoi(c["InactiveExitTimestampMonotonic"]); ga == 0 || ga > cs {
 		t.Errorf("at boot containerd started (%d µs) before the daemon was ready (%d µs)", cs, ga)
 	} else {
-		t.Logf("at boot the daemon was ready %.3f s before containerd started", float64(cs-ga)/1e6)
+		t.Logf("at boot the daemon was ready %.3f s before containerd's start began", float64(cs-ga)/1e6)
 	}
 	if g["NRestarts"] != "0" || c["NRestarts"] != "0" {
 		t.Errorf("services restarted during the boot: %s %v, containerd %v", unit, g, c)
 	}
 	if out := n.MustExec(ctx, "journalctl -b -u containerd --no-pager | grep -i grouped | grep -iE 'level=(error|fatal)' || true"); strings.TrimSpace(out) != "" {
 		t.Errorf("containerd logged errors about grouped during the boot:\n%s", out)
+	}
+	// At shutdown the order reverses: the daemon stops after containerd.
+	// The previous boot's last lines after its last start are its shutdown.
+	out := n.MustExec(ctx, "journalctl -b -1 --no-pager -o cat -u containerd.service -u "+unit+" | grep -E '^(Starting|Started|Stopping|Stopped) ' || true")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := 0
+	for i, l := range lines {
+		if strings.HasPrefix(l, "Start") {
+			last = i + 1
+		}
+	}
+	shutdown := strings.Join(lines[last:], "\n")
+	stopped, stopping := strings.Index(shutdown, "Stopped containerd"), strings.Index(shutdown, "Stopping grouped-snapshotter")
+	if stopped < 0 || stopping < 0 || stopping < stopped {
+		t.Errorf("at shutdown the daemon did not stop after containerd:\n%s", shutdown)
+	} else {
+		t.Logf("the shutdown before the reboot:\n%s", shutdown)
 	}
 }
 
