@@ -211,6 +211,10 @@ type DensityRow struct {
 	AllStarted, AllDeleted float64
 	// KubeletSLI is kubelet_pod_start_sli_duration_seconds over the run.
 	KubeletSLI kube.Histogram
+	// CRIOps are the kubelet's CRI calls over the run by operation
+	// (kubelet_runtime_operations_duration_seconds): where the time of a
+	// pod start goes between the kubelet and the runtime.
+	CRIOps map[string]kube.SumCount `json:",omitempty"`
 	// Mount-table entries under the run's directories (containerd's and
 	// the snapshotters' state, the kubelet's): before the pods, with all
 	// running, at the peak (observed runs only) and once the pods and
@@ -483,9 +487,10 @@ func (st *densityStage) dropInPath() string {
 
 // use makes c CRI's snapshotter: the drop-in, then containerd restarted
 // (its shims and the kubelet keep running), then, with a cluster, the
-// node Ready again.
+// node Ready again. It restarts containerd even when c already is the
+// snapshotter: every run then starts alike, after a restart.
 func (st *densityStage) use(ctx context.Context, c DensityContender) error {
-	if st.current == c.Name {
+	if st.current == c.Name && st.cluster == nil {
 		return nil
 	}
 	if err := os.WriteFile(st.dropInPath(), []byte(st.dropIn(c)), 0o644); err != nil {
@@ -655,7 +660,11 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	if row.MountsBefore, err = kube.CountMountsUnder(st.dirs()...); err != nil {
 		return err
 	}
-	hist0, err := st.cluster.KubeletHistogram(ctx, kube.KubeletSLIMetric)
+	metrics0, err := st.cluster.KubeletMetrics(ctx)
+	if err != nil {
+		return err
+	}
+	hist0, err := kube.ParseHistogram(metrics0, kube.KubeletSLIMetric)
 	if err != nil {
 		return err
 	}
@@ -714,11 +723,22 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		return err
 	}
 	row.ContainerdCPU, row.KubeletCPU, row.SnapshotterCPU = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
-	hist1, err := st.cluster.KubeletHistogram(ctx, kube.KubeletSLIMetric)
+	metrics1, err := st.cluster.KubeletMetrics(ctx)
+	if err != nil {
+		return err
+	}
+	hist1, err := kube.ParseHistogram(metrics1, kube.KubeletSLIMetric)
 	if err != nil {
 		return err
 	}
 	row.KubeletSLI = hist1.Sub(hist0)
+	ops0 := kube.ParseSumsByLabel(metrics0, kube.KubeletRuntimeOpsMetric, "operation_type")
+	row.CRIOps = map[string]kube.SumCount{}
+	for op, v := range kube.ParseSumsByLabel(metrics1, kube.KubeletRuntimeOpsMetric, "operation_type") {
+		if d := (kube.SumCount{Sum: v.Sum - ops0[op].Sum, Count: v.Count - ops0[op].Count}); d.Count > 0 {
+			row.CRIOps[op] = d
+		}
+	}
 	for _, d := range run.SLOLatencies() {
 		row.SLO = append(row.SLO, roundMS(d))
 	}

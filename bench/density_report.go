@@ -177,6 +177,7 @@ func writeDensity(b *strings.Builder, res *Results, charts []string) {
 	for _, w := range densityWorkloadsOf(res) {
 		fmt.Fprintf(b, "### %s\n\n", w)
 		b.WriteString(densityTable(res, w, true))
+		b.WriteString(criOpsTable(res, w))
 	}
 	for _, c := range charts {
 		if strings.Contains(c, "density") {
@@ -494,3 +495,52 @@ func (r *Results) densitySource() *Results {
 // scenario where res has none (a make bench-density run next to the
 // latest full run).
 func (r *Results) MergeDensity(d *Results) { r.densityRun = d }
+
+// criOps are the kubelet's CRI calls the report breaks a pod start into.
+var criOps = []string{"run_podsandbox", "create_container", "start_container", "stop_podsandbox", "remove_podsandbox", "stop_container", "remove_container"}
+
+// criOpsTable renders the mean duration of the kubelet's CRI calls per
+// contender over the timed runs of w: where a start's time goes between
+// the kubelet and containerd.
+func criOpsTable(res *Results, w DensityWorkload) string {
+	var b strings.Builder
+	any := false
+	for _, r := range res.Density {
+		if r.Workload == w && len(r.CRIOps) > 0 {
+			any = true
+		}
+	}
+	if !any {
+		return ""
+	}
+	b.WriteString("The kubelet's CRI calls over the timed runs (`kubelet_runtime_operations_duration_seconds`): mean seconds per call, calls per run:\n\n| containerd | contender |")
+	for _, op := range criOps {
+		fmt.Fprintf(&b, " %s |", op)
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(criOps)) + "\n")
+	for _, v := range res.Config.Versions {
+		for _, c := range densityContenderNames() {
+			rows, _ := okRows(densityRows(res, v, c, w, false))
+			if len(rows) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s |", v, c)
+			for _, op := range criOps {
+				var sum float64
+				var n uint64
+				for _, r := range rows {
+					sum += r.CRIOps[op].Sum
+					n += r.CRIOps[op].Count
+				}
+				if n == 0 {
+					b.WriteString(" – |")
+					continue
+				}
+				fmt.Fprintf(&b, " %.2f (%.0f) |", sum/float64(n), float64(n)/float64(len(rows)))
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

@@ -677,11 +677,74 @@ const KubeletSLIMetric = "kubelet_pod_start_sli_duration_seconds"
 // KubeletHistogram scrapes the kubelet's /metrics (through the apiserver's
 // node proxy) and returns histogram name, summed over its label sets.
 func (c *Cluster) KubeletHistogram(ctx context.Context, name string) (Histogram, error) {
-	body, err := get(ctx, c.api.client, c.Server+"/api/v1/nodes/"+c.NodeName+"/proxy/metrics")
+	body, err := c.KubeletMetrics(ctx)
 	if err != nil {
 		return Histogram{}, err
 	}
 	return parseHistogram(body, name)
+}
+
+// KubeletMetrics returns the kubelet's /metrics text, through the
+// apiserver's node proxy.
+func (c *Cluster) KubeletMetrics(ctx context.Context) ([]byte, error) {
+	return get(ctx, c.api.client, c.Server+"/api/v1/nodes/"+c.NodeName+"/proxy/metrics")
+}
+
+// ParseHistogram reads histogram name from Prometheus text exposition,
+// summed over its label sets.
+func ParseHistogram(text []byte, name string) (Histogram, error) { return parseHistogram(text, name) }
+
+// KubeletRuntimeOpsMetric is the kubelet's histogram of its CRI calls'
+// durations, by operation_type (run_podsandbox, create_container, ...).
+const KubeletRuntimeOpsMetric = "kubelet_runtime_operations_duration_seconds"
+
+// SumCount is a histogram's sum and count.
+type SumCount struct {
+	Sum   float64
+	Count uint64
+}
+
+// ParseSumsByLabel returns the _sum and _count of histogram name by the
+// value of label.
+func ParseSumsByLabel(text []byte, name, label string) map[string]SumCount {
+	out := map[string]SumCount{}
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var isSum bool
+		switch {
+		case strings.HasPrefix(line, name+"_sum{"):
+			isSum = true
+		case strings.HasPrefix(line, name+"_count{"):
+		default:
+			continue
+		}
+		metric, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		_, v, ok := strings.Cut(metric, label+`="`)
+		if !ok {
+			continue
+		}
+		key, _, _ := strings.Cut(v, `"`)
+		if i := strings.IndexByte(value, ' '); i >= 0 {
+			value = value[:i]
+		}
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		sc := out[key]
+		if isSum {
+			sc.Sum += f
+		} else {
+			sc.Count += uint64(f)
+		}
+		out[key] = sc
+	}
+	return out
 }
 
 // parseHistogram reads histogram name from Prometheus text exposition.

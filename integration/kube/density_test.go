@@ -36,6 +36,13 @@ kubelet_pod_start_total_duration_seconds_bucket{le="1"} 99
 	if d.Count != 9 || d.Buckets[1].Count != 1 || d.Buckets[0].Count != 0 {
 		t.Errorf("difference %+v", d)
 	}
+	ops := ParseSumsByLabel([]byte(`kubelet_runtime_operations_duration_seconds_sum{operation_type="create_container"} 4.5
+kubelet_runtime_operations_duration_seconds_count{operation_type="create_container"} 3
+kubelet_runtime_operations_duration_seconds_bucket{operation_type="create_container",le="1"} 3
+`), KubeletRuntimeOpsMetric, "operation_type")
+	if got := ops["create_container"]; got.Sum != 4.5 || got.Count != 3 || len(ops) != 1 {
+		t.Errorf("runtime operations %+v", ops)
+	}
 	if _, err := parseHistogram(text, "no_such_metric"); err == nil {
 		t.Error("a missing histogram parsed")
 	}
