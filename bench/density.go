@@ -221,6 +221,9 @@ type DensityRow struct {
 	// their sandboxes were gone.
 	MountsBefore, MountsRunning, MountsAfter int
 	MountsPeak                               int `json:",omitempty"`
+	// HostMountsRunning is the size of the host's whole mount table with
+	// all pods running (other users of the machine included).
+	HostMountsRunning int `json:",omitempty"`
 	// MappedParents is the number of grouped's mapped parents with all
 	// pods running.
 	MappedParents int
@@ -708,6 +711,7 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 			// Not an error of the run: recorded, and the run goes on.
 			var err error
 			row.MountsRunning, err = kube.CountMountsUnder(st.dirs()...)
+			row.HostMountsRunning, _ = countMounts()
 			row.MappedParents, running = st.mappedParents()
 			return err
 		},

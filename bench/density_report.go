@@ -214,7 +214,7 @@ func densityMethod(res *Results) string {
 func densityTable(res *Results, w DensityWorkload, full bool) string {
 	var b strings.Builder
 	if full {
-		b.WriteString("| containerd | contender | runs | startup p50 / p90 / p99 / max, s | all started, s | all deleted, s | p99: grouped ÷ this [95% CI] | kubelet SLI p99 | mount table +running / +peak / left | mapped parents | mount syscalls per pod (runc) | CPU s: containerd, kubelet, snapshotter |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| containerd | contender | runs | startup p50 / p90 / p99 / max, s | all started, s | all deleted, s | p99: grouped ÷ this [95% CI] | kubelet SLI p99 | mount table +running (whole host table) / +peak / left | mapped parents | mount syscalls per pod (runc) | CPU s: containerd, kubelet, snapshotter |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	} else {
 		b.WriteString("| containerd | contender | startup p50 / p99, s | all started, s | p99: grouped ÷ this [95% CI] | mount table +running / left | mapped parents |\n|---|---|---|---|---|---|---|\n")
 	}
@@ -236,6 +236,9 @@ func densityTable(res *Results, w DensityWorkload, full bool) string {
 				lat += fmt.Sprintf(" (%d failed: `%s`)", len(densityRows(res, v, c, w, false))-len(rows), failed)
 			}
 			mounts := fmt.Sprintf("+%.0f", medianOf(rows, func(r DensityRow) float64 { return float64(r.MountsRunning - r.MountsBefore) }))
+			if host := medianOf(rows, func(r DensityRow) float64 { return float64(r.HostMountsRunning) }); full && host > 0 {
+				mounts += fmt.Sprintf(" (host: %.0f)", host)
+			}
 			peak, syscalls := "–", "–"
 			if o := densityRows(res, v, c, w, true); len(o) > 0 && o[0].Err == "" {
 				peak = fmt.Sprintf("+%d", o[0].MountsPeak-o[0].MountsBefore)
