@@ -158,16 +158,23 @@ func (n *node) provision(ctx context.Context, repo string, tools harness.Tools) 
 	n.Symlink("/usr/local/lib/systemd/system/containerd.service", "/etc/systemd/system/multi-user.target.wants/containerd.service")
 	// This test machine only: systemd-nspawn mounts the cgroup v1
 	// controllers read-only; runc creates containers' cgroups there.
+	n.WriteFile("/usr/local/sbin/cgroup-rw", `#!/bin/sh
+# systemd-nspawn mounts the cgroup v1 controllers read-only; runc creates
+# the containers' cgroups in them.
+while read -r _ mnt type opts _; do
+	[ "$type" = cgroup ] || continue
+	case ",$opts," in *,ro,*) mount -o remount,bind,rw "$mnt" ;; esac
+done </proc/self/mounts
+`, 0o755)
 	n.WriteFile("/etc/systemd/system/cgroup-rw.service", `[Unit]
-Description=Make the cgroup v1 controllers writable (systemd-nspawn mounts them read-only; runc needs them)
+Description=Make the cgroup v1 controllers writable for runc (test machine only)
 DefaultDependencies=no
 Before=sysinit.target containerd.service
-ConditionPathIsReadWrite=!/sys/fs/cgroup/memory
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for c in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$c"; done'
+ExecStart=/usr/local/sbin/cgroup-rw
 
 [Install]
 WantedBy=sysinit.target
@@ -322,9 +329,13 @@ func (n *node) runPod(ctx context.Context, name string, m idmap) (pod, ctr strin
 	n.WriteFile(dir+"/pod.json", string(podCfg), 0o644)
 	n.WriteFile(dir+"/ctr.json", string(ctrCfg), 0o644)
 	// crictl warns on stderr; its output is the id.
-	pod = strings.TrimSpace(n.MustExec(ctx, "mkdir -p /var/log/pods/"+uid+" && crictl runp "+dir+"/pod.json 2>/dev/null"))
-	ctr = strings.TrimSpace(n.MustExec(ctx, fmt.Sprintf("crictl create %s %s/ctr.json %s/pod.json 2>/dev/null", pod, dir, dir)))
-	n.MustExec(ctx, "crictl start "+ctr+" >/dev/null 2>&1")
+	crictl := func(args string) string {
+		return strings.TrimSpace(n.MustExec(ctx, "crictl "+args+" 2>/tmp/crictl.err || { cat /tmp/crictl.err; exit 1; }"))
+	}
+	n.MustExec(ctx, "mkdir -p /var/log/pods/"+uid)
+	pod = crictl("runp " + dir + "/pod.json")
+	ctr = crictl(fmt.Sprintf("create %s %s/ctr.json %s/pod.json", pod, dir, dir))
+	crictl("start " + ctr)
 	return pod, ctr
 }
 

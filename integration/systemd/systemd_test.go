@@ -159,6 +159,8 @@ func testNode(t *testing.T, version string) {
 		}
 	})
 
+	// The DaemonSet's way (GS_HOST_ROOT) on this node finds nothing to do.
+	step("host-root-install", func(t *testing.T) { n.hostRootInstall(ctx, t) })
 	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
 }
 
@@ -293,18 +295,65 @@ func (n *node) checkBootOrder(ctx context.Context, t *testing.T) {
 	}
 }
 
-// uninstall drains the node, runs `install.sh uninstall --export --purge`
-// and checks that nothing of grouped-snapshotter is left and that CRI's
-// images run from overlayfs without a pull: the node makes no connection to
-// the registry from the uninstall on.
+// uninstall drains the node, runs the README's `install.sh uninstall
+// --export --purge` and checks that nothing of grouped-snapshotter is left
+// and that CRI's images run from overlayfs without a pull: the node makes
+// no connection to the registry from the uninstall on.
 func (n *node) uninstall(ctx context.Context, t *testing.T) {
 	n.drain(ctx)
 	conns := n.fwd.Conns()
 	out := n.MustExec(ctx, "cd "+checkout+" && sudo deploy/install.sh uninstall --export --purge")
 	t.Logf("sudo deploy/install.sh uninstall --export --purge:\n%s", out)
-	n.MustExec(ctx, "systemctl daemon-reload")
+	n.checkUninstalled(ctx, t)
 
-	// Files and directories.
+	// The exported images run from overlayfs: a pod (its sandbox image
+	// too) and a ctr container in CRI's namespace.
+	_, ctr := n.runPod(ctx, "pod-on-overlayfs", 0)
+	if n.criPID(ctx, ctr) == 0 {
+		t.Errorf("pod container %s does not run from overlayfs after the uninstall", ctr)
+	}
+	n.MustExec(ctx, "ctr -n k8s.io run --rm --snapshotter overlayfs "+n.image+" on-overlayfs cat /layers/003")
+	if got := n.fwd.Conns(); got != conns {
+		t.Errorf("the node connected to the registry %d times after the uninstall", got-conns)
+	}
+	n.drain(ctx)
+}
+
+// hostRootInstall runs the install the way the DaemonSet does on a node
+// with systemd, on the node installed the README's way: the node's / at
+// /host (rslave, as a pod's hostPath mount), GS_HOST_ROOT=/host, every host
+// command through nsenter into the namespaces of PID 1. It must find
+// nothing to change: no file installed, neither service restarted.
+func (n *node) hostRootInstall(ctx context.Context, t *testing.T) {
+	g := n.show(ctx, unit, "MainPID")["MainPID"]
+	c := n.show(ctx, "containerd", "MainPID")["MainPID"]
+	n.MustExec(ctx, "mkdir /host && mount --rbind / /host && mount --make-rslave /host")
+	defer func() {
+		if _, err := n.Exec(ctx, "umount -R /host && rmdir /host"); err != nil {
+			t.Error(err)
+		}
+	}()
+	out := n.MustExec(ctx, "cd "+checkout+" && GS_HOST_ROOT=/host deploy/install.sh install --cri")
+	t.Logf("GS_HOST_ROOT=/host deploy/install.sh install --cri:\n%s", out)
+	if strings.Contains(out, "installed /") || strings.Contains(out, "restarting containerd") {
+		t.Errorf("the DaemonSet's install changed a node installed the README's way:\n%s", out)
+	}
+	if st := n.show(ctx, unit, "ActiveState", "SubState", "MainPID"); st["ActiveState"] != "active" || st["SubState"] != "running" || st["MainPID"] != g {
+		t.Errorf("%s after the DaemonSet's install: %v (main pid was %s)", unit, st, g)
+	}
+	if st := n.show(ctx, "containerd", "MainPID"); st["MainPID"] != c {
+		t.Errorf("the DaemonSet's install restarted containerd: %v (main pid was %s)", st, c)
+	}
+	n.MustExec(ctx, fmt.Sprintf("ctr run --rm --snapshotter grouped --uidmap %s --gidmap %s --remap-labels %s userns-e cat /layers/003",
+		idmap(500000), idmap(500000), n.image))
+}
+
+// checkUninstalled checks that nothing of grouped-snapshotter is left on
+// the node: no file or directory, no unit loaded or on disk after a
+// daemon-reload, nothing failed, no process, no mount; containerd runs
+// without the plugin, on its own config as it was before the install.
+func (n *node) checkUninstalled(ctx context.Context, t *testing.T) {
+	n.MustExec(ctx, "systemctl daemon-reload")
 	paths := []string{"/etc/systemd/system/" + unit, "/usr/local/bin/grouped-snapshotter", "/etc/grouped-snapshotter",
 		"/etc/containerd/conf.d", "/run/grouped-snapshotter", "/var/lib/grouped-snapshotter", "/var/log/grouped-snapshotter.log"}
 	if out, _ := n.Exec(ctx, "for p in "+strings.Join(paths, " ")+"; do [ ! -e $p ] || echo $p; done; "+
@@ -314,7 +363,6 @@ func (n *node) uninstall(ctx context.Context, t *testing.T) {
 	if data, err := os.ReadFile(n.Path("/etc/containerd/config.toml")); err != nil || string(data) != n.config {
 		t.Errorf("containerd's config after the uninstall (%v):\n%s\nwant:\n%s", err, data, n.config)
 	}
-	// systemd: no unit, loaded or on disk, nothing failed.
 	if out := n.MustExec(ctx, "systemctl list-units --all --no-legend 'grouped*'; systemctl list-unit-files --no-legend 'grouped*'; systemctl --failed --no-legend"); strings.TrimSpace(out) != "" {
 		t.Errorf("systemd still has after the uninstall and daemon-reload:\n%s", out)
 	}
@@ -324,30 +372,16 @@ func (n *node) uninstall(ctx context.Context, t *testing.T) {
 	if out := n.MustExec(ctx, "systemctl is-system-running || true"); strings.TrimSpace(out) != "running" {
 		t.Errorf("systemctl is-system-running after the uninstall: %q", out)
 	}
-	// Processes and mounts.
 	if out := n.MustExec(ctx, "for p in /proc/[0-9]*; do c=$(cat $p/comm 2>/dev/null) && [ \"$c\" = grouped-snapsho ] && echo ${p#/proc/}; done; true"); strings.TrimSpace(out) != "" {
 		t.Errorf("grouped-snapshotter processes left: %s", out)
 	}
 	if out := n.MustExec(ctx, "grep grouped /proc/self/mountinfo || true"); strings.TrimSpace(out) != "" {
 		t.Errorf("mounts left:\n%s", out)
 	}
-	// containerd runs without the plugin.
 	if st := n.show(ctx, "containerd", "ActiveState", "SubState"); st["ActiveState"] != "active" || st["SubState"] != "running" {
 		t.Errorf("containerd after the uninstall: %v", st)
 	}
 	if out := n.MustExec(ctx, "ctr plugins ls 2>/dev/null | grep grouped || true"); strings.TrimSpace(out) != "" {
 		t.Errorf("containerd still lists grouped after the uninstall:\n%s", out)
 	}
-	// The exported images run from overlayfs, with the registry gone.
-	if n.version == harness.ContainerdV2_4 {
-		_, ctr := n.runPod(ctx, "pod-on-overlayfs", 0)
-		if n.criPID(ctx, ctr) == 0 {
-			t.Errorf("pod container %s does not run from overlayfs after the uninstall", ctr)
-		}
-	}
-	n.MustExec(ctx, "ctr -n k8s.io run --rm --snapshotter overlayfs "+n.image+" on-overlayfs cat /layers/003")
-	if got := n.fwd.Conns(); got != conns {
-		t.Errorf("the node connected to the registry %d times after the uninstall", got-conns)
-	}
-	n.drain(ctx)
 }
