@@ -124,8 +124,9 @@ type Progress struct {
 // Summary is what a run did.
 type Summary struct {
 	From, To string
-	// Images moved or already complete in To.
-	Images int
+	// Images moved or already complete in To, each counted once; Names
+	// counts the image names selected (several per image with CRI).
+	Images, Names int
 	// Skipped are the images left alone, with why.
 	Skipped []Skipped
 	// Layers made; LayersPresent were already in To.
@@ -191,7 +192,19 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 	r := &run{c: c, opts: opts, from: c.SnapshotService(opts.From), to: c.SnapshotService(opts.To), cs: c.ContentStore(), sum: &sum}
 	if opts.DryRun {
 		sum.DryRun = true
-		return sum, r.dryRun(ctx)
+		// A lease of its own keeps the temporary views from garbage
+		// collection, and goes with them.
+		ls := c.LeasesService()
+		l, err := ls.Create(ctx, leases.WithID(fmt.Sprintf("%sdry-run-%d", leasePrefix, time.Now().UnixNano())), leases.WithExpiration(time.Hour))
+		if err != nil {
+			return sum, fmt.Errorf("create a lease: %w", err)
+		}
+		defer func() {
+			if err := ls.Delete(context.WithoutCancel(ctx), l, leases.SynchronousDelete); err != nil && !errdefs.IsNotFound(err) {
+				retErr = errors.Join(retErr, fmt.Errorf("delete lease %s: %w", l.ID, err))
+			}
+		}()
+		return sum, r.dryRun(leases.WithLease(ctx, l.ID))
 	}
 	leaseID := leasePrefix + opts.To
 	ctx, err = r.holdLease(ctx, leaseID)
@@ -405,7 +418,7 @@ func (r *run) selectImages(ctx context.Context) ([]images.Image, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list images of namespace %s: %w", r.opts.Namespace, err)
 		}
-		return all, nil
+		return r.distinct(all), nil
 	}
 	var out []images.Image
 	for _, ref := range r.opts.Images {
@@ -415,7 +428,31 @@ func (r *run) selectImages(ctx context.Context) ([]images.Image, error) {
 		}
 		out = append(out, img)
 	}
-	return out, nil
+	return r.distinct(out), nil
+}
+
+// distinct keeps one name per image (CRI gives each three: repo:tag,
+// repo@digest and its ID), a tag where there is one, and counts the names
+// in the summary.
+func (r *run) distinct(imgs []images.Image) []images.Image {
+	r.sum.Names += len(imgs)
+	nicer := func(a, b string) bool { // a is a better name than b
+		plain := func(n string) bool { return !strings.HasPrefix(n, "sha256:") && !strings.Contains(n, "@") }
+		return plain(a) && !plain(b)
+	}
+	index := map[digest.Digest]int{}
+	var out []images.Image
+	for _, img := range imgs {
+		if i, ok := index[img.Target.Digest]; ok {
+			if nicer(img.Name, out[i].Name) {
+				out[i] = img
+			}
+			continue
+		}
+		index[img.Target.Digest] = len(out)
+		out = append(out, img)
+	}
+	return out
 }
 
 // layer is one layer of an image's chain.

@@ -145,9 +145,13 @@ func printSummary(w io.Writer, verb string, s migrate.Summary) {
 	for _, sk := range s.Skipped {
 		fmt.Fprintf(w, "skipped %s: %s\n", sk.Image, sk.Reason)
 	}
+	images := fmt.Sprintf("%d images", s.Images)
+	if s.Names > s.Images+len(s.Skipped) {
+		images = fmt.Sprintf("%d images under %d names", s.Images, s.Names)
+	}
 	if s.DryRun {
-		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %d images, %d layers already there; %s\n",
-			verb, s.From, s.To, s.Layers, humanBytes(s.BytesToLink), humanBytes(s.BytesToCopy), s.Images, s.LayersPresent, s.Duration.Round(time.Millisecond))
+		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %s, %d layers already there; %s\n",
+			verb, s.From, s.To, s.Layers, humanBytes(s.BytesToLink), humanBytes(s.BytesToCopy), images, s.LayersPresent, s.Duration.Round(time.Millisecond))
 		return
 	}
 	if s.StaleRemoved > 0 {
@@ -157,8 +161,8 @@ func printSummary(w io.Writer, verb string, s migrate.Summary) {
 	if s.Copied {
 		how = "COPIED where the roots are on different filesystems, linked elsewhere"
 	}
-	fmt.Fprintf(w, "%s from %s to %s: %d images, %d layers made (%s), %d already there; %s linked, %s copied; %d files, %d directories; %s\n",
-		verb, s.From, s.To, s.Images, s.Layers, how, s.LayersPresent,
+	fmt.Fprintf(w, "%s from %s to %s: %s, %d layers made (%s), %d already there; %s linked, %s copied; %d files, %d directories; %s\n",
+		verb, s.From, s.To, images, s.Layers, how, s.LayersPresent,
 		humanBytes(s.Stats.BytesLinked), humanBytes(s.Stats.BytesCopied),
 		s.Stats.Links+s.Stats.Copies, s.Stats.Dirs, s.Duration.Round(time.Millisecond))
 }
