@@ -98,6 +98,9 @@ func (r *Registry) Pause() error {
 	return nil
 }
 
+// LogPath is the registry's log: a line per request it served.
+func (r *Registry) LogPath() string { return r.logPath }
+
 // Resume continues a paused registry and waits until it answers.
 func (r *Registry) Resume(ctx context.Context) error {
 	if err := r.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
