@@ -673,10 +673,8 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	if err != nil {
 		return err
 	}
-	hist0, err := kube.ParseHistogram(metrics0, kube.KubeletSLIMetric)
-	if err != nil {
-		return err
-	}
+	// The kubelet exports the histogram once it has observed a pod start.
+	hist0, _ := kube.ParseHistogram(metrics0, kube.KubeletSLIMetric)
 	pids := []int{st.env.Containerd.PID(), st.cluster.PID("kubelet"), st.daemonPID(c)}
 	cpu0, err := cpuOf(pids)
 	if err != nil {
