@@ -180,16 +180,19 @@ func (d *demo) usernsStep(ctx context.Context, env *harness.Env, ref, snapshotte
 		}
 		for _, m := range mounts {
 			lowers := m.Lowerdirs()
-			_, idmapped := m.Option("uidmap")
 			where := ""
 			if len(lowers) > 0 {
 				where = lowers[len(lowers)-1]
 			}
-			shimIdmap := "no uidmap= option: the shim makes no idmapped mount"
-			if idmapped {
-				shimIdmap = "uidmap= option: the shim idmaps the layer parent once at every start"
+			// The kernel's mount shows where the layers are read: under
+			// the snapshotter's v/, a mapped parent; elsewhere, the
+			// shim's own idmapped mount of the layer parent, made for this
+			// start and unmounted once the overlay was mounted.
+			how := "read through the shim's idmapped mount of the layer parent, made for this start"
+			if env.Snapshotter != nil && strings.HasPrefix(where, filepath.Join(env.Snapshotter.Root, "v")+"/") {
+				how = "read through the mapped parent: the shim made no idmapped mount"
 			}
-			d.say("%s: %d mount, %s with %d lowerdirs, %s", cid, len(mounts), m.FSType, len(lowers), shimIdmap)
+			d.say("%s: %d mount, %s with %d lowerdirs, %s", cid, len(mounts), m.FSType, len(lowers), how)
 			d.say("  bottom layer read through %s", where)
 		}
 	}
