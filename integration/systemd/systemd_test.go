@@ -147,6 +147,32 @@ func testNode(t *testing.T, version string) {
 			idmap(400000), idmap(400000), n.image))
 	})
 
+	// An upgrade as the README says: build, and run the install again
+	// (with the same flags: without --cri it would take CRI off grouped).
+	// The new binary restarts the daemon, not containerd, and the
+	// containers run on.
+	step("upgrade", func(t *testing.T) {
+		g := n.show(ctx, unit, "MainPID")["MainPID"]
+		c := n.show(ctx, "containerd", "MainPID")["MainPID"]
+		cd := "cd " + checkout + " && "
+		n.MustExec(ctx, cd+"make build VERSION=v-systemd-upgrade", n.goEnv...)
+		out := n.MustExec(ctx, cd+"sudo deploy/install.sh install --cri")
+		t.Logf("sudo deploy/install.sh install --cri of a new build:\n%s", out)
+		if !strings.Contains(out, "installed /usr/local/bin/grouped-snapshotter") || strings.Contains(out, "restarting containerd") {
+			t.Errorf("the upgrade did not install just the binary:\n%s", out)
+		}
+		if st := n.show(ctx, unit, "ActiveState", "SubState", "MainPID"); st["SubState"] != "running" || st["MainPID"] == g {
+			t.Errorf("%s after the upgrade: %v (main pid was %s)", unit, st, g)
+		}
+		if now := n.show(ctx, "containerd", "MainPID")["MainPID"]; now != c {
+			t.Errorf("the upgrade restarted containerd (main pid %s, was %s)", now, c)
+		}
+		if out := n.MustExec(ctx, "grouped-snapshotter version"); !strings.Contains(out, "v-systemd-upgrade") {
+			t.Errorf("grouped-snapshotter version after the upgrade:\n%s", out)
+		}
+		running(t, "after the upgrade")
+	})
+
 	step("reboot", func(t *testing.T) {
 		n.drain(ctx)
 		n.Reboot(ctx)
@@ -317,6 +343,16 @@ func (n *node) uninstall(ctx context.Context, t *testing.T) {
 		t.Errorf("the node connected to the registry %d times after the uninstall", got-conns)
 	}
 	n.drain(ctx)
+
+	// Once more, the README's other uninstall: nothing to do, nothing
+	// restarted, still nothing left.
+	c := n.show(ctx, "containerd", "MainPID")["MainPID"]
+	out = n.MustExec(ctx, "cd "+checkout+" && sudo make uninstall")
+	t.Logf("sudo make uninstall on the uninstalled node:\n%s", out)
+	if now := n.show(ctx, "containerd", "MainPID")["MainPID"]; now != c || strings.Contains(out, "removed") {
+		t.Errorf("a second uninstall changed the node (containerd main pid %s, was %s):\n%s", now, c, out)
+	}
+	n.checkUninstalled(ctx, t)
 }
 
 // hostRootInstall runs the install the way the DaemonSet does on a node
