@@ -286,7 +286,9 @@ restart_containerd() {
 detach() {
 	cgroup=$1 script=$2
 	shift 2
-	host setsid sh -c '
+	# setsid -f: no process of this script waits for it (one would hold
+	# this script's output open: `install.sh install | tee log` would hang).
+	host setsid -f sh -c '
 		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
 			[ -f "${d}cgroup.procs" ] || continue
 			g=${d}$0

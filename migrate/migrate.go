@@ -317,9 +317,12 @@ func serverPID(ctx context.Context, c *client.Client, timeout time.Duration) (ui
 	}
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	t0 := time.Now()
 	resp, err := c.IntrospectionService().Server(tctx)
 	if err != nil {
-		if ctx.Err() == nil && tctx.Err() != nil {
+		// The client's own dial timeout may end the wait first, with a
+		// connection error.
+		if ctx.Err() == nil && (tctx.Err() != nil || time.Since(t0) >= timeout-time.Second) {
 			return 0, fmt.Errorf("containerd did not answer within %s (is it running, and is this its socket?): %w", timeout, errdefs.ErrUnavailable)
 		}
 		return 0, fmt.Errorf("containerd does not answer (is it running, and is this its socket?): %w", err)
