@@ -24,6 +24,7 @@ type forwarder struct {
 	mu     sync.Mutex
 	open   map[net.Conn]bool
 	closed bool
+	errs   []error // failed dials to the registry
 	wg     sync.WaitGroup
 }
 
@@ -99,6 +100,9 @@ func (f *forwarder) pipe(in net.Conn, addr string) {
 	}
 	out, err := net.Dial("tcp", addr)
 	if err != nil {
+		f.mu.Lock()
+		f.errs = append(f.errs, err)
+		f.mu.Unlock()
 		in.Close()
 		return
 	}
@@ -117,6 +121,13 @@ func (f *forwarder) pipe(in net.Conn, addr string) {
 	delete(f.open, in)
 	delete(f.open, out)
 	f.mu.Unlock()
+}
+
+// Errors returns the dials to the registry that failed.
+func (f *forwarder) Errors() []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]error(nil), f.errs...)
 }
 
 // Conns is the number of connections the machine made to the registry.

@@ -247,7 +247,12 @@ func (n *node) startForwarder() {
 		n.t.Fatal(err)
 	}
 	n.fwd = fwd
-	n.root.Cleanup(fwd.Close)
+	n.root.Cleanup(func() {
+		fwd.Close()
+		if errs := fwd.Errors(); len(errs) > 0 {
+			n.root.Logf("the registry forwarder could not reach the registry %d times: %v", len(errs), errs)
+		}
+	})
 }
 
 // Reboot reboots the machine and serves the registry in it again.
@@ -293,12 +298,17 @@ type idmap uint32
 
 func (m idmap) String() string { return fmt.Sprintf("0:%d:65536", uint32(m)) }
 
+// sleeper is the containers' command: it runs until SIGTERM, which a
+// container's PID 1 would otherwise ignore (systemd's halt waits 90 s for
+// such processes).
+const sleeper = `trap "exit 0" TERM; while :; do sleep 1; done`
+
 // runUserns starts a user-namespaced container of the image with ctr
 // through grouped, sleeping.
 func (n *node) runUserns(ctx context.Context, id string, m idmap) {
 	n.t.Helper()
-	n.MustExec(ctx, fmt.Sprintf("ctr run -d --snapshotter grouped --uidmap %s --gidmap %s --remap-labels %s %s sleep 100000",
-		m, m, n.image, id))
+	n.MustExec(ctx, fmt.Sprintf("ctr run -d --snapshotter grouped --uidmap %s --gidmap %s --remap-labels %s %s %s",
+		m, m, n.image, id, "sh -c '"+sleeper+"'"))
 }
 
 // runPod starts a pod through crictl, user-namespaced when m is not 0, with
@@ -321,7 +331,7 @@ func (n *node) runPod(ctx context.Context, name string, m idmap) (pod, ctr strin
 	ctrCfg, _ := json.Marshal(map[string]any{
 		"metadata": map[string]any{"name": "sleeper"},
 		"image":    map[string]any{"image": n.image},
-		"command":  []string{"sleep", "100000"},
+		"command":  []string{"sh", "-c", sleeper},
 		"log_path": "sleeper.log",
 		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": userns}},
 	})
