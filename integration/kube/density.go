@@ -638,6 +638,30 @@ type Bucket struct {
 	Count      uint64
 }
 
+// bucketJSON is a Bucket in JSON, which has no +Inf: the bound as
+// Prometheus writes it ("+Inf", "0.5").
+type bucketJSON struct {
+	LE    string
+	Count uint64
+}
+
+func (b Bucket) MarshalJSON() ([]byte, error) {
+	return json.Marshal(bucketJSON{LE: strconv.FormatFloat(b.UpperBound, 'g', -1, 64), Count: b.Count})
+}
+
+func (b *Bucket) UnmarshalJSON(data []byte) error {
+	var j bucketJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return err
+	}
+	v, err := strconv.ParseFloat(j.LE, 64)
+	if err != nil {
+		return fmt.Errorf("histogram bucket bound %q: %w", j.LE, err)
+	}
+	b.UpperBound, b.Count = v, j.Count
+	return nil
+}
+
 // Sub returns h - before: the observations made between the two scrapes.
 func (h Histogram) Sub(before Histogram) Histogram {
 	out := Histogram{Sum: h.Sum - before.Sum, Count: h.Count - before.Count}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"encoding/json"
 	"math"
 	"os"
 	"testing"
@@ -42,6 +43,14 @@ kubelet_runtime_operations_duration_seconds_bucket{operation_type="create_contai
 `), KubeletRuntimeOpsMetric, "operation_type")
 	if got := ops["create_container"]; got.Sum != 4.5 || got.Count != 3 || len(ops) != 1 {
 		t.Errorf("runtime operations %+v", ops)
+	}
+	data, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Histogram
+	if err := json.Unmarshal(data, &back); err != nil || !math.IsInf(back.Buckets[3].UpperBound, 1) || back.Buckets[1] != h.Buckets[1] {
+		t.Errorf("JSON round trip: %s -> %+v (%v)", data, back, err)
 	}
 	if _, err := parseHistogram(text, "no_such_metric"); err == nil {
 		t.Error("a missing histogram parsed")
