@@ -473,6 +473,9 @@ func (st *densityStage) startViewDaemon(ctx context.Context) error {
 func (st *densityStage) dropIn(c DensityContender) string {
 	var b strings.Builder
 	b.WriteString("# The density benchmark's contender: CRI's snapshotter. Sorts after\n# grouped-snapshotter.toml, which it overrides.\nversion = 3\n\n")
+	// A node's containerd logs at info, not at the harness's debug level
+	// (a line per CRI request).
+	b.WriteString("[debug]\n  level = \"info\"\n\n")
 	snapshotters := []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs}
 	if st.view != nil {
 		fmt.Fprintf(&b, "[proxy_plugins.%s]\n  type = \"snapshot\"\n  address = %q\n  capabilities = [\"remap-ids\"]\n  [proxy_plugins.%s.exports]\n    root = %q\n\n",
