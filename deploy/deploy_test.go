@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -568,4 +569,221 @@ func TestInstallMoveBadOptions(t *testing.T) {
 			t.Fatalf("install.sh %v wrote %d entries before refusing", c.args, len(left))
 		}
 	}
+}
+
+// fakeDaemon is a stand-in for grouped-snapshotter that install.sh can
+// drive without containerd: `version` answers as a running daemon, `serve`
+// runs until SIGTERM, and `import`/`export` log their arguments with the
+// node's CRI state (pause drop-in present, CRI's snapshotter in the
+// drop-in) to $FAKE_LOG. $FAKE_MODE makes the catch-up move (the second
+// run that is not a dry run) fail ("fail-catchup") or hang until killed
+// ("hang-catchup", its pid in $FAKE_LOG.pid).
+const fakeDaemon = `#!/bin/sh
+confd=$FAKE_CONFD
+state() {
+	pause=off; [ ! -e "$confd/grouped-snapshotter-cri-paused.toml" ] || pause=on
+	cri=none
+	if [ -e "$confd/grouped-snapshotter.toml" ]; then
+		cri=overlayfs; ! grep -q io.containerd.cri.v1.images "$confd/grouped-snapshotter.toml" || cri=grouped
+	fi
+	echo "pause=$pause cri=$cri"
+}
+case "$1" in
+version) echo "daemon: fake" ;;
+serve) trap 'exit 0' TERM; while :; do sleep 1; done ;;
+restart) echo "restart $(state)" >>"$FAKE_LOG" ;;
+import|export)
+	case " $* " in *" --dry-run "*) echo "$1 dry-run $(state)" >>"$FAKE_LOG"; exit 0 ;; esac
+	runs=$(grep -c "^$1 move" "$FAKE_LOG")
+	echo "$1 move $(state)" >>"$FAKE_LOG"
+	if [ "$runs" = 1 ] && [ "$FAKE_MODE" = fail-catchup ]; then echo "fake: containerd restarted during the run" >&2; exit 1; fi
+	if [ "$runs" = 1 ] && [ "$FAKE_MODE" = hang-catchup ]; then echo $$ >"$FAKE_LOG.pid"; exec sleep 60; fi
+	;;
+*) echo "fake: $*" >&2; exit 2 ;;
+esac
+`
+
+// fakeNode is a node for install.sh without --host-root: every path in a
+// temporary directory, the fake daemon already running (so install.sh
+// neither starts nor detaches one), containerd's restart logged.
+type fakeNode struct {
+	dir, bin, log, confd string
+	flags                []string
+	env                  []string
+}
+
+func newFakeNode(t *testing.T) *fakeNode {
+	t.Helper()
+	dir := t.TempDir()
+	n := &fakeNode{dir: dir, bin: filepath.Join(dir, "grouped-snapshotter"), log: filepath.Join(dir, "calls.log"),
+		confd: filepath.Join(dir, "etc/containerd/conf.d")}
+	for _, d := range []string{"etc/containerd", "bin", "run"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(n.bin, []byte(fakeDaemon), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Installed already: the same binary, so no daemon restart.
+	if err := os.WriteFile(filepath.Join(dir, "bin/grouped-snapshotter"), []byte(fakeDaemon), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc/containerd/config.toml"), []byte("version = 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.log, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.flags = []string{"--binary", n.bin, "--service-manager", "none", "--containerd-restart", n.bin + " restart",
+		"--containerd-config", filepath.Join(dir, "etc/containerd/config.toml"), "--containerd-address", filepath.Join(dir, "run/containerd.sock"),
+		"--root", filepath.Join(dir, "root"), "--socket", filepath.Join(dir, "run/gs.sock"), "--bin-dir", filepath.Join(dir, "bin"),
+		"--config-file", filepath.Join(dir, "etc/gs.toml"), "--log-file", filepath.Join(dir, "gs.log")}
+	n.env = append(os.Environ(), "FAKE_LOG="+n.log, "FAKE_CONFD="+n.confd)
+	// The running daemon, as install.sh's pidfile names it.
+	serve := exec.Command(filepath.Join(dir, "bin/grouped-snapshotter"), "serve")
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		serve.Wait()
+	})
+	if err := os.WriteFile(filepath.Join(dir, "run/grouped-snapshotter.pid"), []byte(fmt.Sprint(serve.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (n *fakeNode) command(mode string, args ...string) *exec.Cmd {
+	cmd := exec.Command("./install.sh", append(args, n.flags...)...)
+	cmd.Env = append(n.env, "FAKE_MODE="+mode)
+	return cmd
+}
+
+// calls returns the fake's log since the last call, and empties it.
+func (n *fakeNode) calls(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(n.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.log, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// TestInstallSwitchOrder: `install --cri --import` and, back,
+// `install --export` move the images and restart containerd in the order
+// that leaves no window for a pull: dry run before anything; containerd
+// loads the plugin with CRI unchanged; the bulk move while CRI serves; CRI
+// off (the pause drop-in) for the catch-up; CRI on the new snapshotter.
+// A second install changes nothing.
+func TestInstallSwitchOrder(t *testing.T) {
+	n := newFakeNode(t)
+	out, err := n.command("", "install", "--cri", "--import").CombinedOutput()
+	if err != nil {
+		t.Fatalf("install --cri --import: %v\n%s", err, out)
+	}
+	want := `import dry-run pause=off cri=none
+restart pause=off cri=overlayfs
+import move pause=off cri=overlayfs
+restart pause=on cri=overlayfs
+import move pause=on cri=overlayfs
+restart pause=off cri=grouped
+`
+	if got := n.calls(t); got != want {
+		t.Errorf("install --cri --import did, in order:\n%s\nwant:\n%s\n%s", got, want, out)
+	}
+	out, err = n.command("", "install", "--cri", "--import").CombinedOutput()
+	if got := n.calls(t); err != nil || got != "" || !strings.Contains(string(out), "CRI already runs on grouped: nothing to import") {
+		t.Errorf("a second install --cri --import: %v, calls %q\n%s", err, got, out)
+	}
+	out, err = n.command("", "install", "--export").CombinedOutput()
+	if err != nil {
+		t.Fatalf("install --export: %v\n%s", err, out)
+	}
+	want = `export dry-run pause=off cri=grouped
+export move pause=off cri=grouped
+restart pause=on cri=grouped
+export move pause=on cri=grouped
+restart pause=off cri=overlayfs
+`
+	if got := n.calls(t); got != want {
+		t.Errorf("install --export did, in order:\n%s\nwant:\n%s\n%s", got, want, out)
+	}
+}
+
+// TestInstallSwitchFailures: a catch-up move that fails turns CRI back on
+// where it was and refuses; an install killed while CRI is off has CRI
+// turned back on by the host process it left (no kubelet without CRI).
+func TestInstallSwitchFailures(t *testing.T) {
+	t.Run("catch-up fails", func(t *testing.T) {
+		n := newFakeNode(t)
+		out, err := n.command("fail-catchup", "install", "--cri", "--import").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "CRI runs its pods from overlayfs as before the install, nothing was switched") {
+			t.Errorf("install with a failing catch-up: %v, want a refusal saying CRI stayed:\n%s", err, out)
+		}
+		want := `import dry-run pause=off cri=none
+restart pause=off cri=overlayfs
+import move pause=off cri=overlayfs
+restart pause=on cri=overlayfs
+import move pause=on cri=overlayfs
+restart pause=off cri=overlayfs
+`
+		if got := n.calls(t); got != want {
+			t.Errorf("install with a failing catch-up did:\n%s\nwant:\n%s", got, want)
+		}
+	})
+	t.Run("killed with CRI off", func(t *testing.T) {
+		n := newFakeNode(t)
+		cmd := n.command("hang-catchup", "install", "--cri", "--import")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var hung int
+		for deadline := time.Now().Add(30 * time.Second); hung == 0; time.Sleep(50 * time.Millisecond) {
+			if data, err := os.ReadFile(n.log + ".pid"); err == nil && len(bytes.TrimSpace(data)) > 0 {
+				fmt.Sscan(string(data), &hung)
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("the catch-up never started:\n%s", out.String())
+			}
+		}
+		// The install dies (its pod deleted), the move with it.
+		cmd.Process.Kill()
+		syscall.Kill(hung, syscall.SIGKILL) // it holds the output open
+		cmd.Wait()
+		pause := filepath.Join(n.confd, "grouped-snapshotter-cri-paused.toml")
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if _, err := os.Stat(pause); os.IsNotExist(err) && strings.HasSuffix(readFile(t, n.log), "restart pause=off cri=overlayfs\n") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("CRI still off 15 s after the install died:\n%s", readFile(t, n.log))
+			}
+		}
+		// The next install finishes the switch.
+		n.calls(t)
+		if out, err := n.command("", "install", "--cri", "--import").CombinedOutput(); err != nil {
+			t.Fatalf("install after the killed one: %v\n%s", err, out)
+		}
+		if got := n.calls(t); !strings.HasSuffix(got, "restart pause=off cri=grouped\n") {
+			t.Errorf("the install after the killed one did:\n%s", got)
+		}
+	})
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }
