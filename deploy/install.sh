@@ -286,9 +286,7 @@ restart_containerd() {
 detach() {
 	cgroup=$1 script=$2
 	shift 2
-	# setsid -f: no process of this script waits for it (one would hold
-	# this script's output open: `install.sh install | tee log` would hang).
-	host setsid -f sh -c '
+	set -- sh -c '
 		for d in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
 			[ -f "${d}cgroup.procs" ] || continue
 			g=${d}$0
@@ -298,7 +296,15 @@ detach() {
 			[ ! -f "$g/cpuset.mems" ] || [ -n "$(cat "$g/cpuset.mems")" ] || cat "${d}cpuset.mems" >"$g/cpuset.mems"
 			echo $$ >"$g/cgroup.procs"
 		done 2>/dev/null
-		'"$script" "$cgroup" "$@" </dev/null >/dev/null 2>&1 &
+		'"$script" "$cgroup" "$@"
+	# On the node itself a background setsid, not host(): a subshell
+	# running that function would wait for it and hold this script's
+	# output open (`install.sh install | tee log` would hang).
+	if [ "$H" = "" ]; then
+		setsid "$@" </dev/null >/dev/null 2>&1 &
+	else
+		host setsid "$@" </dev/null >/dev/null 2>&1 &
+	fi
 }
 
 # restart_containerd_detached restarts containerd from a host process in
@@ -640,6 +646,9 @@ do_uninstall() {
 	if [ "$START" = 1 ]; then
 		if [ "$SERVICE_MANAGER" = systemd ]; then
 			host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
+			# A failed unit (a crash loop that hit the start limit) stays
+			# loaded and listed by systemctl --failed, its file gone or not.
+			host systemctl reset-failed grouped-snapshotter.service 2>/dev/null || true
 		else
 			stop_detached
 			remove_cgroups
@@ -653,8 +662,11 @@ do_uninstall() {
 		echo "the data in $ROOT is purged once this pod is deleted"
 	else
 		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
-			# Refuses while a daemon serves the socket; unmounts the mapped parents.
-			host "$BIN" purge --root "$ROOT" --address "$SOCKET"
+			# Refuses while a daemon serves the socket; unmounts the mapped
+			# parents. Not the config file: root and socket are given, and a
+			# config the daemon refused (why it may have failed) must not
+			# stop the purge halfway.
+			host "$BIN" purge --config /dev/null --root "$ROOT" --address "$SOCKET"
 		fi
 		remove_files
 	fi
@@ -715,7 +727,7 @@ deferred_purge() {
 		done
 		# The container has exited; its root filesystem goes right after.
 		sleep 2
-		"$bin" purge --root "$root" --address "$socket" || exit 1
+		"$bin" purge --config /dev/null --root "$root" --address "$socket" || exit 1
 		rm -f "$@"
 		rmdir "$configdir" "$rundir" 2>/dev/null
 		exit 0' "$1" "$BIN" "$ROOT" "$SOCKET" "$(dirname "$CONFIG_FILE")" "$RUN_DIR" \

@@ -290,6 +290,8 @@ func (m *machine) Boot(ctx context.Context) {
 	}
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// No Pdeathsig: it fires when the forking thread ends, and the
+	// registry forwarder ends threads (forward_test.go).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		m.t.Fatalf("start systemd-nspawn: %v", err)

@@ -199,6 +199,29 @@ func testNode(t *testing.T, version string) {
 	// The DaemonSet's way (GS_HOST_ROOT) on this node finds nothing to do.
 	step("host-root-install", func(t *testing.T) { n.hostRootInstall(ctx, t) })
 	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
+	if version == harness.ContainerdV2_0 {
+		step("uninstall-failed-daemon", func(t *testing.T) { n.uninstallFailed(ctx, t) })
+	}
+}
+
+// uninstallFailed installs again, makes the daemon fail for good (a config
+// it refuses: systemd restarts it, up to its start limit, then leaves the
+// unit failed), and uninstalls with --purge (--export needs a running
+// daemon): nothing may be left, in systemd's memory either.
+func (n *node) uninstallFailed(ctx context.Context, t *testing.T) {
+	cd := "cd " + checkout + " && "
+	n.MustExec(ctx, cd+"sudo make install")
+	n.MustExec(ctx, "echo 'no_such_key = 1' >>/etc/grouped-snapshotter/config.toml")
+	_, _ = n.Exec(ctx, "systemctl restart grouped-snapshotter")
+	harness.Eventually(t, time.Minute, func() error {
+		if st := n.show(ctx, unit, "ActiveState", "Result", "NRestarts"); st["ActiveState"] != "failed" || st["NRestarts"] == "0" {
+			return fmt.Errorf("the daemon with a bad config: %v", st)
+		}
+		return nil
+	})
+	out, err := n.Exec(ctx, cd+"sudo deploy/install.sh uninstall --purge")
+	t.Logf("sudo deploy/install.sh uninstall --purge with the daemon failed (%v):\n%s", err, out)
+	n.checkUninstalled(ctx, t)
 }
 
 func atoi(s string) int64 {
