@@ -10,8 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 )
 
@@ -255,5 +257,28 @@ func TestCommonDir(t *testing.T) {
 		if got := commonDir(c.dirs); got != c.want {
 			t.Errorf("commonDir(%q) = %q, want %q", c.dirs, got, c.want)
 		}
+	}
+}
+
+// TestDistinct: an image under several names (CRI's repo:tag, repo@digest
+// and ID) is moved once, under its tag, and the names are counted.
+func TestDistinct(t *testing.T) {
+	a := ocispec.Descriptor{Digest: "sha256:aaaa"}
+	b := ocispec.Descriptor{Digest: "sha256:bbbb"}
+	in := []images.Image{
+		{Name: "r/x@sha256:aaaa", Target: a},
+		{Name: "r/x:1", Target: a},
+		{Name: "sha256:idofa", Target: a},
+		{Name: "sha256:idofb", Target: b},
+		{Name: "r/y:2", Target: b},
+	}
+	r := &run{sum: &Summary{}}
+	out := r.distinct(in)
+	var names []string
+	for _, img := range out {
+		names = append(names, img.Name)
+	}
+	if strings.Join(names, " ") != "r/x:1 r/y:2" || r.sum.Names != 5 {
+		t.Fatalf("distinct kept %v of 5 names (counted %d), want r/x:1 r/y:2", names, r.sum.Names)
 	}
 }
