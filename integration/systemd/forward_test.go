@@ -12,6 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// hostNetNS is the test's network namespace, read before any thread left it.
+var hostNetNS, _ = os.Readlink("/proc/thread-self/ns/net")
+
 // forwarder makes the host's registry answer at the same address inside a
 // machine's private network namespace: it listens there and forwards each
 // connection to the registry on the host. It counts the connections, so a
@@ -28,9 +31,11 @@ type forwarder struct {
 	wg     sync.WaitGroup
 }
 
-// listenIn listens on addr (TCP) in the network namespace netns. The socket
-// is made by a thread that joined netns and then ends with its goroutine,
-// so no other goroutine ever runs in that namespace.
+// listenIn listens on addr (TCP) in the network namespace netns: a thread
+// joins it, makes the socket, and returns to the test's namespace. The
+// thread must not end in the other namespace (an exiting locked goroutine
+// ends its thread): children started with Pdeathsig from that thread, as
+// the harness starts the registry, would get their death signal.
 func listenIn(netns, addr string) (net.Listener, error) {
 	type result struct {
 		l   net.Listener
@@ -38,19 +43,37 @@ func listenIn(netns, addr string) (net.Listener, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		// Never unlocked: the thread, moved to another namespace, exits.
 		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer home.Close()
 		f, err := os.Open(netns)
 		if err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{err: err}
 			return
 		}
 		defer f.Close()
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{err: fmt.Errorf("join %s: %w", netns, err)}
 			return
 		}
 		l, err := net.Listen("tcp", addr)
+		if err2 := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err2 != nil {
+			// Stuck in the other namespace: the thread ends with
+			// this goroutine, still locked.
+			if l != nil {
+				l.Close()
+			}
+			ch <- result{err: fmt.Errorf("return to the test's network namespace: %w", err2)}
+			return
+		}
+		runtime.UnlockOSThread()
 		ch <- result{l, err}
 	}()
 	r := <-ch
@@ -100,6 +123,8 @@ func (f *forwarder) pipe(in net.Conn, addr string) {
 	}
 	out, err := net.Dial("tcp", addr)
 	if err != nil {
+		ns, _ := os.Readlink("/proc/thread-self/ns/net")
+		err = fmt.Errorf("%w (from a thread in %s; the test's network namespace is %s)", err, ns, hostNetNS)
 		f.mu.Lock()
 		f.errs = append(f.errs, err)
 		f.mu.Unlock()

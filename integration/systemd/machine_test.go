@@ -290,9 +290,8 @@ func (m *machine) Boot(ctx context.Context) {
 	}
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// No Pdeathsig: it fires when the forking thread ends, and the
-	// registry forwarder ends threads (forward_test.go).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Should the test process die, nspawn halts the machine.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		m.t.Fatalf("start systemd-nspawn: %v", err)
 	}
