@@ -201,7 +201,64 @@ func testNode(t *testing.T, version string) {
 	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
 	if version == harness.ContainerdV2_0 {
 		step("uninstall-failed-daemon", func(t *testing.T) { n.uninstallFailed(ctx, t) })
+	} else {
+		step("daemonset-pod-install-and-uninstall", func(t *testing.T) { n.daemonSetPod(ctx, t) })
 	}
+}
+
+// daemonSetPod installs and uninstalls as the DaemonSet's pod does on a
+// node with systemd, the pod played by a process in a mount namespace of
+// its own (the node's / at /host, rslave; a /tmp of its own): install
+// --cri then supervise, and the documented uninstall run in it (as
+// kubectl exec does), whose purge waits on the node until the pod is gone.
+func (n *node) daemonSetPod(ctx context.Context, t *testing.T) {
+	pod := `mount --rbind / /host && mount --make-rslave /host && mount -t tmpfs tmpfs /tmp && echo $$ >/run/gs-pod.pid &&
+cd ` + checkout + ` && GS_HOST_ROOT=/host deploy/install.sh install --cri && exec env GS_HOST_ROOT=/host deploy/install.sh supervise`
+	n.MustExec(ctx, "mkdir /host && setsid -f unshare -m --propagation slave sh -c '"+pod+"' >/run/gs-pod.log 2>&1")
+	defer func() {
+		if _, err := n.Exec(ctx, "[ ! -f /run/gs-pod.pid ] || ! kill -0 $(cat /run/gs-pod.pid) 2>/dev/null || kill $(cat /run/gs-pod.pid); rm -f /run/gs-pod.pid /run/gs-pod.log; rmdir /host"); err != nil {
+			t.Error(err)
+		}
+	}()
+	harness.Eventually(t, 2*time.Minute, func() error {
+		if out, _ := n.Exec(ctx, "cat /run/gs-pod.log"); !strings.Contains(out, "grouped-snapshotter installed") {
+			return fmt.Errorf("the pod's install has not finished:\n%s", out)
+		}
+		return nil
+	})
+	if st := n.show(ctx, unit, "ActiveState", "SubState", "UnitFileState"); st["SubState"] != "running" || st["UnitFileState"] != "enabled" {
+		t.Fatalf("%s after the pod's install: %v", unit, st)
+	}
+	n.checkPlugin(ctx, t)
+
+	c := n.show(ctx, "containerd", "MainPID")["MainPID"]
+	// Its output to a file: the purge and the containerd restart it
+	// detaches must not hold the caller's pipe (kubectl exec's) open.
+	out := n.MustExec(ctx, "nsenter -t $(cat /run/gs-pod.pid) -m -- sh -c 'cd "+checkout+" && GS_HOST_ROOT=/host deploy/install.sh uninstall --export --purge' >/tmp/pod-uninstall.log 2>&1; s=$?; cat /tmp/pod-uninstall.log; rm /tmp/pod-uninstall.log; exit $s")
+	t.Logf("the pod's install.sh uninstall --export --purge:\n%s", out)
+	if !strings.Contains(out, "purged once this pod is deleted") {
+		t.Errorf("the uninstall run in the pod did not defer the purge:\n%s", out)
+	}
+	// The pod is deleted: its main process ends, its mount namespace
+	// with it; the purge runs on the node.
+	n.MustExec(ctx, "kill $(cat /run/gs-pod.pid)")
+	harness.Eventually(t, 30*time.Second, func() error {
+		if out, _ := n.Exec(ctx, "ls -d /usr/local/bin/grouped-snapshotter /var/lib/grouped-snapshotter /etc/grouped-snapshotter 2>/dev/null"); strings.TrimSpace(out) != "" {
+			return fmt.Errorf("not purged yet: %s", out)
+		}
+		if st := n.show(ctx, "containerd", "SubState", "MainPID"); st["MainPID"] == c || st["SubState"] != "running" {
+			return fmt.Errorf("containerd not restarted: %v", st)
+		}
+		return nil
+	})
+	// Before anyone's daemon-reload: systemd has nothing of the unit.
+	if out := n.MustExec(ctx, "systemctl list-units --all --no-legend 'grouped*'; systemctl list-unit-files --no-legend 'grouped*'; true"); strings.TrimSpace(out) != "" {
+		t.Errorf("systemd still has, after the pod's uninstall:\n%s", out)
+	}
+	if st := n.show(ctx, unit, "LoadState", "NeedDaemonReload"); st["LoadState"] != "not-found" {
+		t.Errorf("%s after the pod's uninstall: %v", unit, st)
+	}
+	n.checkUninstalled(ctx, t)
 }
 
 // uninstallFailed installs again, makes the daemon fail for good (a config
