@@ -382,7 +382,8 @@ func densityCharts(res *Results, dir string) ([]string, error) {
 		p.X.Label.Text = "seconds (machine-dependent)"
 		p.Y.Label.Text = "fraction of pods started"
 		p.Y.Min, p.Y.Max = 0, 1
-		p.Legend.Top, p.Legend.Left = true, true
+		// The curves rise from the bottom left: the legend goes bottom right.
+		p.Legend.Top, p.Legend.Left = false, false
 		drawn := false
 		for vi, v := range res.Config.Versions {
 			for ci, c := range DensityContenders {
