@@ -464,7 +464,13 @@ func densityHeadlineRows(res *Results, versions []string, short func(Interval) s
 		if userns {
 			kind = "user-namespaced (`hostUsers: false`)"
 		}
-		fmt.Fprintf(&b, "| 100 %s pods of a %d-layer image created at once on a kubelet (`make bench-density`, %s): p99 pod startup |", kind, w.Layers, res.Started.UTC().Format("2006-01-02"))
+		mode := "default"
+		for _, r := range res.Density {
+			if r.Contender == DensityGrouped && r.IDMap != "" {
+				mode = fmt.Sprintf("`idmap = %q`", r.IDMap)
+			}
+		}
+		fmt.Fprintf(&b, "| 100 %s pods of a %d-layer image created at once on a kubelet, grouped as installed (%s; `make bench-density`, %s): p99 pod startup |", kind, w.Layers, mode, res.Started.UTC().Format("2006-01-02"))
 		for _, v := range versions {
 			fmt.Fprintf(&b, " %s |", short(densityRatio(res, v, DensityGrouped, w, OverlayfsName, w)))
 		}

@@ -107,7 +107,7 @@ func TestDensityReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| 100 user-namespaced (`hostUsers: false`) pods of a 50-layer image created at once on a kubelet (`make bench-density`, 1970-01-01): p99 pod startup | 0.90× [",
+		"| 100 user-namespaced (`hostUsers: false`) pods of a 50-layer image created at once on a kubelet, grouped as installed (default; `make bench-density`, 1970-01-01): p99 pod startup | 0.90× [",
 		"100 plain pods, 50 layers (3 interleaved repetitions):",
 		"| v2.4.2 | erofs | fails: `pull failed: no` | – | – | – | – |",
 		"| v2.0.5 | overlayfs | 5.1 / 10.1 | 11.0 | 0.90× [0.90–0.90], n=5 | +600 / +0 | 0 |",
