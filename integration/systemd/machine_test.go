@@ -29,14 +29,14 @@ import (
 //   - --private-network: the container's own network namespace, so that CRI's
 //     CNI bridge and pod veths never touch the host's network (the registry
 //     reaches it through a forwarder listening in that namespace);
-//   - --capability=all: the host's bounding set (which lacks
-//     CAP_SYS_RESOURCE here) instead of nspawn's smaller default;
 //   - --system-call-filter=@keyring: nspawn's seccomp filter refuses keyctl,
 //     and runc fails every container start with "unable to join session
 //     keyring: unable to create session key: operation not permitted";
 //   - the cgroup v1 controllers nspawn mounts read-only (on a cgroup v1 or
 //     hybrid host) made writable inside, before containerd starts, by the
-//     unit cgroup-rw.service: runc creates the containers' cgroups there;
+//     unit cgroup-rw.service: runc creates the containers' cgroups there
+//     ("unable to apply cgroup configuration: mkdir
+//     /sys/fs/cgroup/cpuset/default: read-only file system" otherwise);
 //   - /var/lib bind-mounted from the host's ext4: overlayfs cannot take an
 //     upper directory on overlayfs, and idmapped mounts need a filesystem
 //     that supports them, so containerd's and the snapshotter's roots must
@@ -45,16 +45,17 @@ import (
 //     hierarchy, which it fills (payload/, supervisor/) and which are
 //     removed with the machine.
 //
-// Idmapped mounts, overlay mounts and user namespaces need nothing more: the
-// container shares the host's user namespace, and nspawn's /dev is enough
-// for runc.
+// Nothing more: nspawn's default capabilities (CAP_SYS_ADMIN among them,
+// CAP_NET_ADMIN with --private-network) are enough for overlay and
+// idmapped mounts, user namespaces and runc; the container shares the
+// host's user namespace; nspawn's /dev is enough for runc.
 type machine struct {
 	t     testing.TB
 	name  string
 	dir   string // on the host: the overlay's upper and work, the root, /var/lib, logs
 	Root  string // the machine's / seen from the host
 	lower string // the cached Debian root
-	// nspawnRun records whether /run/systemd/nspawn existed before.
+	// runDirs records which of runDirs() existed before.
 	runDirs map[string]bool
 	cgroups []string // our cgroup in every hierarchy
 
@@ -271,7 +272,7 @@ func (m *machine) Boot(ctx context.Context) {
 	args := []string{
 		"-D", m.Root, "--boot", "-M", m.name,
 		"--register=no", "--keep-unit", "--console=passive",
-		"--private-network", "--capability=all", "--system-call-filter=@keyring",
+		"--private-network", "--system-call-filter=@keyring",
 		"--bind=" + filepath.Join(m.dir, "varlib") + ":/var/lib",
 	}
 	args = append(args, m.Args...)
