@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,6 +38,14 @@ const (
 // installed and registered the snapshotter, workloads run on it, a new
 // build rolls out under them, and the documented uninstall leaves the
 // node as it was.
+//
+// Before that, install.sh refuses three bad states (containerd not
+// answering, no room for the import's copies, an import interrupted by a
+// containerd restart). The rollout to grouped and the rollback to
+// overlayfs (GS_CRI=false) each run with the registry paused: pods of
+// every image the node held run right after, one created every 2 s during
+// the rollout too, and the committed snapshots on the new side are
+// exactly what the import (export) made: nothing was pulled or unpacked.
 func TestDaemonSet(t *testing.T) {
 	env, cl := testCluster(t)
 	ctx := t.Context()
@@ -60,6 +69,8 @@ func TestDaemonSet(t *testing.T) {
 	many := buildImage(t, env, harness.ImageSpec{Name: "k8s-many", Layers: manyLayers})
 	one := buildImage(t, env, harness.ImageSpec{Name: "k8s-one", Layers: 1})
 	imported := buildImage(t, env, harness.ImageSpec{Name: "k8s-imported", Layers: importedLayers})
+	big := buildBigImage(t, env, "k8s-big")
+	bin := buildDaemon(t)
 	t.Logf("images built and pushed in %s", since(t0))
 
 	// Before the DaemonSet, CRI runs on containerd's overlayfs.
@@ -84,17 +95,42 @@ func TestDaemonSet(t *testing.T) {
 		kubectl(t, cl, "delete", "pod", "baseline", "--wait", "--timeout=120s")
 	})
 
-	// An image the node has before the switch: unpacked in overlayfs by
-	// CRI, as kubelet's pulls leave them.
-	if _, err := env.CRI.Crictl(ctx, "pull", imported); err != nil {
-		t.Fatal(err)
+	// Images the node has before the switch, the DaemonSet's own among
+	// them: unpacked in overlayfs by CRI, as kubelet's pulls leave them.
+	for _, ref := range []string{imported, big, v1} {
+		if _, err := env.CRI.Crictl(ctx, "pull", ref); err != nil {
+			t.Fatal(err)
+		}
 	}
+
+	t.Run("refusals", func(t *testing.T) {
+		refusals(t, env, n, rs, bin)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// From here until every image ran from grouped, the registry does not
+	// answer: a pull would hang.
+	registry := pauseRegistry(t, env)
+	prePulled := criImages(t, env)
+	held := committed(t, env, harness.CRINamespace, harness.SnapshotterOverlayfs)
+	var moves []Move
+	var during []string
 
 	t.Run("install", func(t *testing.T) {
 		t0 := time.Now()
+		restartsBefore := len(rs.Restarts())
 		kubectlApply(t, cl, daemonSetManifest(t, v1, n))
-		kubectl(t, cl, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=240s")
-		t.Logf("DaemonSet installed and ready in %s", since(t0))
+		stop := make(chan struct{})
+		pods := podsDuring(t, cl, "during-install", imported, stop)
+		_, err := cl.Kubectl(ctx, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=300s")
+		close(stop)
+		during = <-pods
+		if err != nil {
+			t.Fatalf("%v\n%s", err, diagnostics(cl))
+		}
+		t.Logf("DaemonSet installed and ready in %s, %d pods created meanwhile", since(t0), len(during))
 		pid := n.DaemonPID()
 		if pid == 0 {
 			t.Fatalf("no grouped-snapshotter running from %s\n%s", n.PIDFile(), diagnostics(cl))
@@ -112,21 +148,66 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("daemon cgroup %q is not its own", line)
 			}
 		}
-		restarts := rs.Restarts()
-		if len(restarts) != 1 || restarts[0].Err != nil || !restarts[0].SnapshotterServed {
-			t.Fatalf("containerd restarts during install: %+v (want one, after the snapshotter answered)", restarts)
+		// The refused install registered the plugin already: CRI off
+		// for the catch-up, then on grouped.
+		restarts := rs.Restarts()[restartsBefore:]
+		if len(restarts) != 2 {
+			t.Fatalf("containerd restarts during install: %+v (want two: CRI off, CRI on grouped)", restarts)
 		}
-		if _, err := os.Stat(filepath.Join(env.Containerd.ConfDir, "grouped-snapshotter.toml")); err != nil {
+		for _, r := range restarts {
+			if r.Err != nil || !r.SnapshotterServed {
+				t.Fatalf("containerd restart during install: %+v (want it after the snapshotter answered)", r)
+			}
+		}
+		dropin, err := os.ReadFile(filepath.Join(env.Containerd.ConfDir, "grouped-snapshotter.toml"))
+		if err != nil {
 			t.Fatalf("no containerd drop-in: %v", err)
 		}
+		if !strings.Contains(string(dropin), "io.containerd.cri.v1.images") {
+			t.Fatalf("CRI is not on grouped after the install:\n%s", dropin)
+		}
+		log := kubectl(t, cl, "-n", dsNS, "logs", "ds/grouped-snapshotter")
+		t.Logf("the installer's log:\n%s", log)
+		m := parseMove(t, log, rs.Restarts())
+		t.Logf("imported %d images (%d layers, %s copied, %s linked) in %.2f s while CRI served: %.2f s per GiB, %.2f s per image; catch-up %d layers in %.2f s; CRI off %.1f s",
+			m.Bulk.Images, m.Bulk.Layers, humanSize(m.Bulk.BytesCopied), humanSize(m.Bulk.BytesLinked), m.Bulk.Seconds,
+			m.SecondsPerGiB, m.SecondsPerImage, m.CatchUp.Layers, m.CatchUp.Seconds, m.CRIOffSeconds)
+		moves = append(moves, m)
 	})
 	if t.Failed() {
 		t.FailNow()
 	}
 
-	t.Run("import", func(t *testing.T) {
-		importAndRun(t, env, cl, n, imported)
+	t.Run("no-pull-storm", func(t *testing.T) {
+		// The pods created during the rollout, on overlayfs or grouped,
+		// and pods of every image the node held, right after.
+		var names []string
+		for _, p := range during {
+			names = append(names, "pod/"+p)
+		}
+		if len(names) > 0 {
+			kubectl(t, cl, append([]string{"wait", "--for=condition=Ready", "--timeout=180s"}, names...)...)
+		}
+		runEveryImage(t, env, cl, "after-install", prePulled)
+		if len(names) > 0 {
+			kubectl(t, cl, "delete", "pod", "-l", "during=during-install", "--wait", "--timeout=120s")
+		}
+		// Nothing was unpacked on either side: grouped holds exactly the
+		// imported layers, which are every layer overlayfs held.
+		if got := committed(t, env, harness.CRINamespace, harness.SnapshotterOverlayfs); !slices.Equal(got, held) {
+			t.Errorf("overlayfs's committed snapshots changed during the rollout: %d, were %d", len(got), len(held))
+		}
+		if got := committed(t, env, harness.CRINamespace, harness.SnapshotterGrouped); !slices.Equal(got, held) {
+			t.Errorf("grouped's committed snapshots are not what the import made (every layer overlayfs held): %d, want %d\n%v\n%v", len(got), len(held), got, held)
+		}
+		if len(moves) == 1 && moves[0].Bulk.Layers+moves[0].CatchUp.Layers != len(held) {
+			t.Errorf("the import made %d+%d layers, overlayfs held %d", moves[0].Bulk.Layers, moves[0].CatchUp.Layers, len(held))
+		}
 	})
+	t.Run("registry-not-asked", registry.resume)
+	if t.Failed() {
+		t.FailNow()
+	}
 
 	t.Run("deployment", func(t *testing.T) {
 		kubectlApply(t, cl, deploymentManifest("app", many, 2))
@@ -166,6 +247,16 @@ func TestDaemonSet(t *testing.T) {
 	t.Run("rollout", func(t *testing.T) {
 		rollout(t, cl, n, rs, v2, many)
 	})
+
+	t.Run("rollback", func(t *testing.T) {
+		// The Deployment's pods had kubelet pull many.
+		if m, ok := rollback(t, env, cl, rs, many); ok {
+			moves = append(moves, m)
+		}
+	})
+	if len(moves) == 2 {
+		writeRollout(t, env, moves)
+	}
 
 	t.Run("uninstall", func(t *testing.T) {
 		uninstall(t, env, cl, n, rs, before, many)
@@ -670,6 +761,7 @@ func daemonSetManifest(t *testing.T, image string, n node) []byte {
 			t.Fatalf("the DaemonSet has no env %v", set)
 		}
 		c.Env = append(c.Env,
+			corev1.EnvVar{Name: "GS_CONTAINERD_ADDRESS", Value: n.ContainerdAddress},
 			corev1.EnvVar{Name: "GS_BIN_DIR", Value: n.BinDir},
 			corev1.EnvVar{Name: "GS_CONFIG_FILE", Value: n.ConfigFile},
 			corev1.EnvVar{Name: "GS_LOG_FILE", Value: n.LogFile})
@@ -875,66 +967,3 @@ func repoFile(t *testing.T, rel string) string {
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
-
-// importAndRun imports ref, which CRI unpacked into overlayfs before the
-// install, with the installed `grouped-snapshotter import`, then has the
-// kubelet run it (imagePullPolicy Never): the import must make its 20
-// layers in grouped, and the pod's root filesystem must be one overlay of
-// 20 of grouped's layer directories. (Starting the pod may add the pause
-// image's layer to grouped: the first pod there.) The node's root is on
-// its own filesystem (mountNodeData), so the import copies.
-func importAndRun(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, ref string) {
-	ctx := t.Context()
-	committed := func() map[string]bool {
-		out, err := env.CtrNS(ctx, harness.CRINamespace, "snapshots", "--snapshotter", "grouped", "ls")
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys := map[string]bool{}
-		for _, line := range strings.Split(out, "\n")[1:] {
-			if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == "Committed" {
-				keys[f[0]] = true
-			}
-		}
-		return keys
-	}
-	before := committed()
-	t0 := time.Now()
-	cmd := exec.CommandContext(ctx, n.Bin(), "import", "--containerd-address", env.Containerd.Address,
-		"--namespace", harness.CRINamespace, "--image", ref, "--lock-dir", t.TempDir())
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("grouped-snapshotter import: %v\n%s", err, out)
-	}
-	t.Logf("imported in %s:\n%s", since(t0), out)
-	imported := committed()
-	if len(imported)-len(before) != importedLayers {
-		t.Fatalf("grouped has %d committed layers after the import, %d before; want %d more", len(imported), len(before), importedLayers)
-	}
-	manifest := strings.Replace(podManifest("imported", ref, "exec sleep 3600", true), "imagePullPolicy: IfNotPresent", "imagePullPolicy: Never", 1)
-	kubectlApply(t, cl, []byte(manifest))
-	t.Cleanup(func() {
-		_, _ = cl.Kubectl(context.Background(), "delete", "pod", "imported", "--ignore-not-found", "--wait=true")
-	})
-	kubectl(t, cl, "wait", "--for=condition=Ready", "pod/imported", "--timeout=180s")
-	var id string
-	for _, p := range podList(t, cl, "--field-selector=metadata.name=imported") {
-		if p.Name == "imported" {
-			id = containerID(t, p, "main")
-		}
-	}
-	if id == "" {
-		t.Fatal("pod imported not found")
-	}
-	m := harness.SingleMountAt(t, env.CRITaskRootfs(id))
-	lowers := m.Lowerdirs()
-	if m.FSType != "overlay" || len(lowers) != importedLayers {
-		t.Fatalf("rootfs of pod imported: %s with %d lowerdirs, want one overlay of %d", m.FSType, len(lowers), importedLayers)
-	}
-	for _, l := range lowers {
-		if filepath.Dir(l) != filepath.Join(n.Root, "l") {
-			t.Fatalf("lowerdir %s of pod imported is not in grouped-snapshotter's %s/l", l, n.Root)
-		}
-	}
-	kubectl(t, cl, "delete", "pod", "imported", "--wait", "--timeout=120s")
-}

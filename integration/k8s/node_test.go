@@ -36,20 +36,24 @@ type node struct {
 	ConfigFile       string // GS_CONFIG_FILE
 	LogFile          string // GS_LOG_FILE
 	ContainerdConfig string // GS_CONTAINERD_CONFIG: the Env's containerd config
-	RestartCommand   string // GS_CONTAINERD_RESTART
+	// ContainerdAddress is GS_CONTAINERD_ADDRESS: the Env's containerd
+	// socket, for the import and export.
+	ContainerdAddress string
+	RestartCommand    string // GS_CONTAINERD_RESTART
 }
 
 func newNode(env *harness.Env) node {
 	dir := filepath.Join(env.Dir, "node")
 	return node{
-		Dir:              dir,
-		Root:             filepath.Join(dir, "data", "root"),
-		Socket:           filepath.Join(dir, "run", "gs.sock"),
-		BinDir:           filepath.Join(dir, "bin"),
-		ConfigFile:       filepath.Join(dir, "etc", "config.toml"),
-		LogFile:          filepath.Join(dir, "log", "grouped-snapshotter.log"),
-		ContainerdConfig: env.Containerd.ConfigPath,
-		RestartCommand:   filepath.Join(dir, "restart-containerd"),
+		Dir:               dir,
+		Root:              filepath.Join(dir, "data", "root"),
+		Socket:            filepath.Join(dir, "run", "gs.sock"),
+		BinDir:            filepath.Join(dir, "bin"),
+		ConfigFile:        filepath.Join(dir, "etc", "config.toml"),
+		LogFile:           filepath.Join(dir, "log", "grouped-snapshotter.log"),
+		ContainerdConfig:  env.Containerd.ConfigPath,
+		ContainerdAddress: env.Containerd.Address,
+		RestartCommand:    filepath.Join(dir, "restart-containerd"),
 	}
 }
 
@@ -172,6 +176,8 @@ type restartRecord struct {
 	At                time.Time
 	SnapshotterServed bool
 	Err               error
+	// Done is when containerd answered again.
+	Done time.Time
 }
 
 func startRestarter(t *testing.T, env *harness.Env, n node) *restarter {
@@ -216,6 +222,7 @@ func (r *restarter) loop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			rec := restartRecord{At: time.Now(), SnapshotterServed: r.node.answers(ctx)}
 			rec.Err = r.env.RestartContainerd(ctx)
+			rec.Done = time.Now()
 			cancel()
 			status := "ok"
 			if rec.Err != nil {
