@@ -4,7 +4,8 @@
 // once by debootstrap and cached in .tools/systemd-root/), installs a
 // containerd release with containerd's own unit, runs the README's install
 // commands verbatim inside, and checks the units, the plugin, user-namespaced
-// containers and CRI pods, restarts, a reboot and the uninstall. It needs
+// containers and CRI pods, restarts, an upgrade, a reboot, the DaemonSet's
+// way on a systemd node, and the uninstall (docs/testing.md). It needs
 // root, systemd-container and debootstrap (apt), and the tools of
 // hack/install-tools.sh:
 //
@@ -38,11 +39,14 @@ func TestSystemdNode(t *testing.T) { testNode(t, harness.ContainerdV2_4) }
 // release the project supports.
 func TestSystemdNodeContainerd20(t *testing.T) { testNode(t, harness.ContainerdV2_0) }
 
-// testNode runs the systemd path on containerd version: install (--cri),
-// the units' states, the plugin and check, a user-namespaced container and
-// a user-namespaced CRI pod, restarts of both services and a crash of the
-// daemon with containers running, a reboot, and the uninstall with
-// --export --purge.
+// testNode runs the systemd path on containerd version: the README's
+// install (and --cri), the units' states, the plugin and check, two
+// user-namespaced containers and a user-namespaced CRI pod, restarts of both
+// services, a stop and a crash of the daemon and an upgrade with them
+// running, a reboot without a drain, the DaemonSet's install on the
+// installed node, and the uninstall with --export --purge; then on v2.4.2
+// the DaemonSet's pod's install and uninstall, on v2.0.5 the uninstall of
+// a daemon failed for good.
 func testNode(t *testing.T, version string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
