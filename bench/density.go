@@ -139,7 +139,7 @@ const (
 	// forced, a second daemon next to the installed one: on containerd ≥
 	// 2.3, where the shipped "auto" mode returns the shim shape, what
 	// mapped parents would cost or save.
-	DensityGroupedView = `grouped, idmap = "view" forced`
+	DensityGroupedView = `grouped (idmap = "view" forced)`
 	// groupedViewSnapshotter is its proxy plugin's name.
 	groupedViewSnapshotter = "grouped-view"
 )
