@@ -198,6 +198,13 @@ func testNode(t *testing.T, version string) {
 		if out := n.MustExec(ctx, "ctr snapshots --snapshotter grouped ls 2>/dev/null | tail -n +2 | grep -v Committed || true"); strings.TrimSpace(out) != "" {
 			t.Errorf("active snapshots left after removing every container:\n%s", out)
 		}
+		// The daemon's own account of both boots.
+		out := n.MustExec(ctx, "journalctl -u grouped-snapshotter --no-pager -o cat | grep -E 'level=(warning|error|fatal)' || true")
+		if strings.Contains(out, "level=error") || strings.Contains(out, "level=fatal") {
+			t.Errorf("the daemon logged errors:\n%s", out)
+		} else if strings.TrimSpace(out) != "" {
+			t.Logf("the daemon's warnings:\n%s", out)
+		}
 	})
 
 	// The DaemonSet's way (GS_HOST_ROOT) on this node finds nothing to do.
