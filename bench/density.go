@@ -714,7 +714,8 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		sampler = startScopedSampler(10*time.Millisecond, st.dirs())
 		defer sampler.stop()
 	}
-	name := fmt.Sprintf("d%s-%s-%d", w.key(), strings.ToLower(strings.NewReplacer(" ", "", ",", "", "=", "", `"`, "").Replace(c.Name)), row.Rep)
+	// Pod names and labels: the snapshotter's name is a DNS label.
+	name := fmt.Sprintf("d%s-%s-%d", w.key(), c.Snapshotter, row.Rep)
 	if row.Rep < 0 {
 		name = fmt.Sprintf("d%s-warmup", w.key())
 	}
