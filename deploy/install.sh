@@ -368,10 +368,15 @@ start_service() {
 		host systemctl enable grouped-snapshotter.service >/dev/null
 		# A new binary or unit (or a first install) restarts the daemon;
 		# an unchanged one keeps serving, as without systemd.
-		if [ "$BINARY_CHANGED" = 1 ] || [ "$UNIT_CHANGED" = 1 ]; then
-			host systemctl restart grouped-snapshotter.service
-		else
-			host systemctl start grouped-snapshotter.service
+		# Type=notify: the job fails when the daemon exits before it is
+		# ready (a config it refuses, a root it will not migrate).
+		verb=start
+		if [ "$BINARY_CHANGED" = 1 ] || [ "$UNIT_CHANGED" = 1 ]; then verb=restart; fi
+		if ! host systemctl "$verb" grouped-snapshotter.service; then
+			echo "install.sh: grouped-snapshotter did not start; its last lines:" >&2
+			host journalctl -u grouped-snapshotter.service -n 8 --no-pager -o cat >&2 || true
+			echo "install.sh: containerd left untouched; fix the above and run the install again" >&2
+			exit 1
 		fi
 	else
 		# A new binary (or a first install) restarts the daemon; an

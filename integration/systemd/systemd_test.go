@@ -211,7 +211,7 @@ func testNode(t *testing.T, version string) {
 	step("host-root-install", func(t *testing.T) { n.hostRootInstall(ctx, t) })
 	step("uninstall", func(t *testing.T) { n.uninstall(ctx, t) })
 	if version == harness.ContainerdV2_0 {
-		step("uninstall-failed-daemon", func(t *testing.T) { n.uninstallFailed(ctx, t) })
+		step("failed-daemon", func(t *testing.T) { n.uninstallFailed(ctx, t) })
 	} else {
 		step("daemonset-pod-install-and-uninstall", func(t *testing.T) { n.daemonSetPod(ctx, t) })
 	}
@@ -272,24 +272,72 @@ cd ` + checkout + ` && GS_HOST_ROOT=/host deploy/install.sh install --cri && exe
 	n.checkUninstalled(ctx, t)
 }
 
-// uninstallFailed installs again, makes the daemon fail for good (a config
-// it refuses: systemd restarts it, up to its start limit, then leaves the
-// unit failed), and uninstalls with --purge (--export needs a running
-// daemon): nothing may be left, in systemd's memory either.
+// uninstallFailed installs again over an operator's config that the
+// daemon refuses: Type=notify makes the start fail (the daemon exits before
+// READY=1), so the install stops, saying why, with containerd untouched (no
+// drop-in, its config as it was, not restarted); systemd retries up to the
+// unit's start limit and leaves it failed. With the config fixed the
+// install succeeds. Broken again, the daemon fails for good again, and the
+// uninstall (--purge; --export needs a running daemon) leaves nothing, in
+// systemd's memory either.
 func (n *node) uninstallFailed(ctx context.Context, t *testing.T) {
 	cd := "cd " + checkout + " && "
-	n.MustExec(ctx, cd+"sudo make install")
+	c := n.show(ctx, "containerd", "MainPID")["MainPID"]
+	n.WriteFile("/etc/grouped-snapshotter/config.toml", "no_such_key = 1\n", 0o644)
+	out, err := n.Exec(ctx, cd+"sudo make install")
+	t.Logf("sudo make install with a config the daemon refuses (%v):\n%s", err, out)
+	if err == nil {
+		t.Error("the install succeeded with a config the daemon refuses")
+	}
+	if !strings.Contains(out, "unknown field") || !strings.Contains(out, "containerd left untouched") {
+		t.Errorf("the failed install does not say why, or what it left alone:\n%s", out)
+	}
+	if out, _ := n.Exec(ctx, "ls /etc/containerd/conf.d 2>/dev/null; true"); strings.TrimSpace(out) != "" {
+		t.Errorf("the failed install wrote containerd's drop-in: %s", out)
+	}
+	if data, err := os.ReadFile(n.Path("/etc/containerd/config.toml")); err != nil || string(data) != n.config {
+		t.Errorf("the failed install changed containerd's config (%v):\n%s", err, data)
+	}
+	if now := n.show(ctx, "containerd", "MainPID")["MainPID"]; now != c {
+		t.Errorf("the failed install restarted containerd (main pid %s, was %s)", now, c)
+	}
+	n.waitFailedForGood(ctx, t)
+
+	// Fixed, the install goes through, the start limit notwithstanding.
+	n.MustExec(ctx, "rm /etc/grouped-snapshotter/config.toml")
+	out = n.MustExec(ctx, cd+"sudo make install")
+	t.Logf("sudo make install with the config fixed:\n%s", out)
+	if st := n.show(ctx, unit, "ActiveState", "SubState"); st["SubState"] != "running" {
+		t.Fatalf("%s after the install with the config fixed: %v", unit, st)
+	}
+	n.checkPlugin(ctx, t)
+
 	n.MustExec(ctx, "echo 'no_such_key = 1' >>/etc/grouped-snapshotter/config.toml")
-	_, _ = n.Exec(ctx, "systemctl restart grouped-snapshotter")
+	if _, err := n.Exec(ctx, "systemctl restart grouped-snapshotter"); err == nil {
+		t.Error("systemctl restart succeeded with a config the daemon refuses")
+	}
+	n.waitFailedForGood(ctx, t)
+	out, err = n.Exec(ctx, cd+"sudo deploy/install.sh uninstall --purge")
+	t.Logf("sudo deploy/install.sh uninstall --purge with the daemon failed (%v):\n%s", err, out)
+	n.checkUninstalled(ctx, t)
+}
+
+// waitFailedForGood waits until systemd gave up restarting the daemon (the
+// unit's start limit), and checks that it stays so.
+func (n *node) waitFailedForGood(ctx context.Context, t *testing.T) {
+	var st map[string]string
 	harness.Eventually(t, time.Minute, func() error {
-		if st := n.show(ctx, unit, "ActiveState", "Result", "NRestarts"); st["ActiveState"] != "failed" || st["NRestarts"] == "0" {
+		if st = n.show(ctx, unit, "ActiveState", "Result", "NRestarts"); st["ActiveState"] != "failed" || st["NRestarts"] == "0" {
 			return fmt.Errorf("the daemon with a bad config: %v", st)
 		}
 		return nil
 	})
-	out, err := n.Exec(ctx, cd+"sudo deploy/install.sh uninstall --purge")
-	t.Logf("sudo deploy/install.sh uninstall --purge with the daemon failed (%v):\n%s", err, out)
-	n.checkUninstalled(ctx, t)
+	time.Sleep(3 * time.Second)
+	if now := n.show(ctx, unit, "ActiveState", "Result", "NRestarts"); now["ActiveState"] != "failed" || now["NRestarts"] != st["NRestarts"] {
+		t.Errorf("the daemon with a bad config did not stay failed: %v, then %v", st, now)
+	} else {
+		t.Logf("the daemon with a bad config: %v", now)
+	}
 }
 
 func atoi(s string) int64 {
