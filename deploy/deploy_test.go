@@ -255,7 +255,8 @@ func TestInstallScriptCustomPaths(t *testing.T) {
 	}
 	before := snapshotTree(t, host)
 	flags := []string{"--host-root", host, "--no-start", "--containerd-config", "/opt/ctrd/config.toml",
-		"--root", "/data/gs", "--socket", "/run/gs/gs.sock", "--bin-dir", "/opt/bin", "--config-file", "/opt/etc/gs.toml"}
+		"--root", "/data/gs", "--socket", "/run/gs/gs.sock", "--bin-dir", "/opt/bin", "--config-file", "/opt/etc/gs.toml",
+		"--containerd-address", "/run/k3s/containerd/containerd.sock"}
 	runInstall(t, append([]string{"install", "--binary", bin}, flags...)...)
 	dropin, err := os.ReadFile(filepath.Join(host, "opt/ctrd/conf.d/grouped-snapshotter.toml"))
 	if err != nil {
@@ -273,7 +274,7 @@ func TestInstallScriptCustomPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "ExecStart=/opt/bin/grouped-snapshotter serve --config /opt/etc/gs.toml --root /data/gs --address /run/gs/gs.sock\n"; !strings.Contains(string(unit), want) {
+	if want := "ExecStart=/opt/bin/grouped-snapshotter serve --config /opt/etc/gs.toml --root /data/gs --address /run/gs/gs.sock --containerd-address /run/k3s/containerd/containerd.sock\n"; !strings.Contains(string(unit), want) {
 		t.Errorf("unit lacks %q:\n%s", want, unit)
 	}
 	for _, f := range []string{"opt/bin/grouped-snapshotter", "opt/etc/gs.toml"} {

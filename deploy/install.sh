@@ -40,7 +40,8 @@
 #                       space-separated containerd namespaces to export or
 #                       import (default "k8s.io")
 # --containerd-address S
-#                       containerd's socket, for --export and --import (default
+#                       containerd's socket, for --export and --import and
+#                       the daemon's --containerd-address (default
 #                       /run/containerd/containerd.sock)
 # --service-manager M   systemd | none | auto (default: systemd when the
 #                       host runs it). none: the daemon runs as a detached
@@ -166,6 +167,8 @@ daemon_args() {
 	[ "$CONFIG_FILE" = /etc/grouped-snapshotter/config.toml ] || args="$args --config $CONFIG_FILE"
 	[ "$ROOT" = /var/lib/grouped-snapshotter ] || args="$args --root $ROOT"
 	[ "$SOCKET" = /run/grouped-snapshotter/grouped-snapshotter.sock ] || args="$args --address $SOCKET"
+	# idmap = "auto" asks containerd's release here.
+	[ "$CONTAINERD_ADDRESS" = /run/containerd/containerd.sock ] || args="$args --containerd-address $CONTAINERD_ADDRESS"
 	echo "$args"
 }
 

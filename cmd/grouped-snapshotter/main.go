@@ -66,6 +66,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "root", Usage: "directory for metadata and layers (overrides root_path)"},
 		&cli.StringFlag{Name: "address", Usage: "unix socket to serve on (overrides address)"},
 		&cli.StringFlag{Name: "log-level", Usage: "trace, debug, info, warn or error (overrides log_level)"},
+		&cli.StringFlag{Name: "containerd-address", Usage: "containerd's socket, asked for its release by idmap = \"auto\" (overrides containerd_address)"},
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 		&cli.StringFlag{Name: "metrics-address", Usage: `Prometheus endpoint: "host:port" or "unix:///path"; "" disables (overrides metrics_address)`},
 		&cli.StringFlag{Name: "pprof-address", Usage: `serve Go profiles (/debug/pprof/) on "host:port" or "unix:///path", for finding where time goes; off by default`},

@@ -156,6 +156,7 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 		{[]string{"--config", unknown, "--log-format", "xml"}, "metrics_adress"},
 		{[]string{"--root", "relative/root", "--address", filepath.Join(dir, "s.sock")}, "relative/root"},
 		{[]string{"--log-level", "loud", "--root", filepath.Join(dir, "r")}, "loud"},
+		{[]string{"--containerd-address", "run/containerd.sock", "--root", filepath.Join(dir, "r")}, "run/containerd.sock"},
 		{[]string{"ls", "--address", filepath.Join(dir, "nothing.sock")}, "nothing.sock"},
 	} {
 		out, err := exec.Command(daemonBin, tc.args...).CombinedOutput()

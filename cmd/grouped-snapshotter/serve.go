@@ -53,6 +53,9 @@ func loadConfig(c *cli.Context) (plugin.Config, error) {
 	if v := flagString(c, "log-level"); v != "" {
 		cfg.LogLevel = v
 	}
+	if v := flagString(c, "containerd-address"); v != "" {
+		cfg.ContainerdAddress = v
+	}
 	if flagIsSet(c, "metrics-address") {
 		cfg.MetricsAddress = flagString(c, "metrics-address")
 	}
