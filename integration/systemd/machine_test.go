@@ -86,7 +86,9 @@ func newMachine(t testing.TB, lower string) *machine {
 		_, err := os.Lstat(d)
 		m.runDirs[d] = err == nil
 	}
-	dir, err := os.MkdirTemp("", "gs-systemd-")
+	// /var/tmp, not a /tmp that may be tmpfs: the machine's /var/lib is
+	// here, and wants the disk's filesystem (idmapped mounts, d_type).
+	dir, err := os.MkdirTemp("/var/tmp", "gs-systemd-")
 	if err != nil {
 		t.Fatal(err)
 	}
