@@ -257,6 +257,21 @@ func ownCgroups() ([]string, error) {
 	if len(dirs) == 0 {
 		return nil, errors.New("no cgroup hierarchy mounted under /sys/fs/cgroup")
 	}
+	// runc in the machine needs controllers: cgroup v1 ones, or cgroup v2
+	// ones available in the test's cgroup.
+	v1Controllers := false
+	for _, mnt := range mounts {
+		if mnt.FSType == "cgroup" && strings.HasPrefix(mnt.MountPoint, "/sys/fs/cgroup") && !strings.Contains(mnt.SuperOptions, "name=") {
+			v1Controllers = true
+		}
+	}
+	if !v1Controllers {
+		for _, d := range dirs {
+			if c, err := os.ReadFile(filepath.Join(d, "cgroup.controllers")); err == nil && strings.TrimSpace(string(c)) == "" {
+				return nil, fmt.Errorf("cgroup v2 without cgroup v1 controllers, and no controller available in %s: runc in the machine would fail; the test's cgroup needs delegated controllers (docs/testing.md, \"A real systemd\")", d)
+			}
+		}
+	}
 	return dirs, nil
 }
 
