@@ -281,8 +281,13 @@ func RenderPodStarts(p PodStarts) (string, error) {
 		}
 		groupedCount = "on grouped-snapshotter " + strings.Join(per, ", ")
 	}
-	text := fmt.Sprintf("Measured on that node (Kubernetes %s, containerd %s; tracefs, from the pod's creation to Ready; containerd, its shims and the snapshotter, runc's own %s apart): a `hostUsers: false` pod with two containers (and its sandbox) starts with **%d** mount-family syscalls on containerd's %s (%s: %d idmap calls, %d unmounts) and with %s. containerd's own mounts are CRI's for the sandbox, the same on both.",
-		p.Kubernetes, p.Containerd, runc, b.Syscalls, b.Snapshotter, processList(b.ByProcess), b.IDMap, b.Unmounts, groupedCount)
+	mode := "its default mode (`idmap = \"auto\"`) makes a mapped parent per pod"
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(p.Containerd, "v"), "%d.%d", &major, &minor); err == nil && (major > 2 || major == 2 && minor >= 3) {
+		mode = "its default mode (`idmap = \"auto\"`) hands this containerd the shim's `uidmap=` options, as overlayfs does, so that its own differ diffs the pods right"
+	}
+	text := fmt.Sprintf("Measured on that node (Kubernetes %s, containerd %s; tracefs, from the pod's creation to Ready; containerd, its shims and the snapshotter, runc's own %s apart): a `hostUsers: false` pod with two containers (and its sandbox) starts with **%d** mount-family syscalls on containerd's %s (%s: %d idmap calls, %d unmounts) and with %s; %s. containerd's own mounts are CRI's for the sandbox, the same on both.",
+		p.Kubernetes, p.Containerd, runc, b.Syscalls, b.Snapshotter, processList(b.ByProcess), b.IDMap, b.Unmounts, groupedCount, mode)
 	return wrap(text, 75) + "\n", nil
 }
 
