@@ -629,6 +629,16 @@ export_images() {
 
 do_uninstall() {
 	[ "$EXPORT" = 0 ] || export_images
+	if [ "$PURGE" = 1 ] && [ "$START" = 1 ] && [ -x "$H$BIN" ]; then
+		# containerd keeps its own record of each of grouped's snapshots;
+		# the purge deletes the snapshots, so the records go first, while
+		# containerd still knows the snapshotter (a later install would
+		# otherwise meet records of snapshots it does not have).
+		if ! host "$BIN" forget --containerd-address "$CONTAINERD_ADDRESS"; then
+			echo "install.sh: containerd's records of grouped's snapshots could not be removed (above; containerd lists them through the running daemon); nothing was uninstalled: start the daemon, or uninstall without --purge" >&2
+			exit 1
+		fi
+	fi
 	removed_dropin=0
 	[ -f "$H$DROPIN" ] && removed_dropin=1
 	rm -f "$H$DROPIN" "$H$CRI_PAUSE"

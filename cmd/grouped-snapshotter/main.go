@@ -41,6 +41,7 @@ func main() {
 			mappedParentsCommand(),
 			gcCommand(),
 			purgeCommand(),
+			forgetCommand(),
 			importCommand(),
 			exportCommand(),
 			configCommand(),

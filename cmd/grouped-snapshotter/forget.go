@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/urfave/cli/v2"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
+	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+)
+
+// forgetCommand removes containerd's records of grouped's snapshots, the
+// uninstall's step before a purge deletes the snapshots themselves.
+func forgetCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "forget",
+		Usage:     "remove containerd's records of grouped's snapshots in every namespace (before a purge); those of containers are kept",
+		ArgsUsage: " ",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
+			&cli.StringFlag{Name: "snapshotter", Value: plugin.Name, Usage: "grouped-snapshotter's name in containerd's config"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return fmt.Errorf("forget takes no arguments (got %q)", c.Args().Slice())
+			}
+			address := c.String("containerd-address")
+			if _, err := os.Stat(address); err != nil {
+				return fmt.Errorf("containerd socket %q: %w (is containerd running? see --containerd-address)", address, err)
+			}
+			cl, err := client.New(address, client.WithTimeout(10*time.Second))
+			if err != nil {
+				return fmt.Errorf("connect to containerd at %q: %w", address, err)
+			}
+			defer cl.Close()
+			results, err := migrate.Forget(c.Context, cl, c.String("snapshotter"))
+			for _, r := range results {
+				fmt.Printf("namespace %s: %d snapshots forgotten", r.Namespace, r.Removed)
+				if len(r.Kept) > 0 {
+					fmt.Printf(", %d kept for containers that still use them", len(r.Kept))
+				}
+				fmt.Println()
+			}
+			if err == nil && len(results) == 0 {
+				fmt.Printf("containerd records no snapshot of %s\n", c.String("snapshotter"))
+			}
+			return err
+		},
+	}
+}

@@ -1,0 +1,115 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+)
+
+// ForgetResult says what Forget did in one containerd namespace.
+type ForgetResult struct {
+	Namespace string
+	// Removed are the snapshot keys containerd no longer records.
+	Removed int
+	// Kept are the keys a container still uses, with their parents.
+	Kept []string
+}
+
+// Forget removes every snapshot containerd records for snapshotter, in
+// every namespace, children before parents, except those a container still
+// uses and their parents. containerd keeps a record of each snapshot in its
+// own metadata: deleting grouped's root (uninstall --purge) does not remove
+// them, and a later install would find records of snapshots it does not
+// have ("target snapshot already exists", "missing parent"). It needs
+// containerd with the snapshotter configured and its daemon answering:
+// containerd lists a snapshotter's records through it.
+func Forget(ctx context.Context, c *client.Client, snapshotter string) ([]ForgetResult, error) {
+	nss, err := c.NamespaceService().List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("forget %s's snapshots: list containerd namespaces: %w", snapshotter, err)
+	}
+	sort.Strings(nss)
+	var out []ForgetResult
+	for _, ns := range nss {
+		r, err := forgetIn(namespaces.WithNamespace(ctx, ns), c, snapshotter)
+		r.Namespace = ns
+		if err != nil {
+			return out, fmt.Errorf("forget %s's snapshots in containerd namespace %q: %w", snapshotter, ns, err)
+		}
+		if r.Removed > 0 || len(r.Kept) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (ForgetResult, error) {
+	var r ForgetResult
+	sn := c.SnapshotService(snapshotter)
+	parent := map[string]string{}
+	children := map[string]int{}
+	if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		parent[info.Name] = info.Parent
+		if info.Parent != "" {
+			children[info.Parent]++
+		}
+		return nil
+	}); err != nil {
+		return r, fmt.Errorf("list snapshots: %w", err)
+	}
+	// A container's snapshot and its chain stay: removing them would take
+	// the root filesystem of a container that may still run.
+	containers, err := c.Containers(ctx)
+	if err != nil {
+		return r, fmt.Errorf("list containers: %w", err)
+	}
+	kept := map[string]bool{}
+	for _, ctr := range containers {
+		info, err := ctr.Info(ctx)
+		if err != nil {
+			return r, fmt.Errorf("container %q: %w", ctr.ID(), err)
+		}
+		if info.Snapshotter != snapshotter {
+			continue
+		}
+		for key := info.SnapshotKey; key != "" && !kept[key]; key = parent[key] {
+			if _, ok := parent[key]; !ok {
+				break
+			}
+			kept[key] = true
+		}
+	}
+	// Leaves first, so that containerd never refuses a parent with
+	// children; a chain is removed from its tip down.
+	var leaves []string
+	for key := range parent {
+		if children[key] == 0 && !kept[key] {
+			leaves = append(leaves, key)
+		}
+	}
+	sort.Strings(leaves)
+	for len(leaves) > 0 {
+		key := leaves[0]
+		leaves = leaves[1:]
+		if err := sn.Remove(ctx, key); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return r, fmt.Errorf("remove snapshot %q: %w", key, err)
+		}
+		r.Removed++
+		if p := parent[key]; p != "" {
+			if children[p]--; children[p] == 0 && !kept[p] {
+				leaves = append(leaves, p)
+			}
+		}
+	}
+	for key := range kept {
+		r.Kept = append(r.Kept, key)
+	}
+	sort.Strings(r.Kept)
+	return r, nil
+}
