@@ -39,7 +39,7 @@ func writeTargets(b *strings.Builder, res *Results) {
 	if len(ts) == 0 {
 		return
 	}
-	b.WriteString("## Targets (issues 7 and 13)\n\nChecked mechanically against the tables above; the benchmark is not tuned to them.\n\n| target | measured | |\n|---|---|---|\n")
+	b.WriteString("## Targets\n\nEach row names its issue in parentheses. Checked mechanically against the tables above; the benchmark is not tuned to them.\n\n| target | measured | |\n|---|---|---|\n")
 	for _, t := range ts {
 		b.WriteString(t.row())
 	}
