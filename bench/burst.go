@@ -100,7 +100,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 	var (
 		mtr     *harness.MountTrace
 		utr     *harness.MountTrace
-		sampler *mountinfoSampler
+		sampler *mountSampler
 	)
 	if observed {
 		if mtr, err = harness.StartMountTrace(pids(env)...); err != nil {
@@ -110,7 +110,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 			_, _ = mtr.Stop()
 			return row, err
 		}
-		if sampler, err = startMountinfoSampler(10 * time.Millisecond); err != nil {
+		if sampler, err = startMountSampler(10*time.Millisecond, countMounts); err != nil {
 			_, _ = mtr.Stop()
 			_, _ = utr.Stop()
 			return row, err
@@ -202,20 +202,23 @@ func isNotFound(err error) bool {
 	return err != nil && bytes.Contains([]byte(err.Error()), []byte("not found"))
 }
 
-// mountinfoSampler counts /proc/self/mountinfo entries periodically and
-// keeps the peak above the count it started with.
-type mountinfoSampler struct {
+// mountSampler runs a count of mounts periodically and keeps the peak above
+// the count it started with: the whole mount table (countMounts) in bursts,
+// the node's directories in the density scenario.
+type mountSampler struct {
+	count      func() (int, error)
 	base, peak int
 	done       chan struct{}
 	finished   chan struct{}
+	stopped    bool
 }
 
-func startMountinfoSampler(every time.Duration) (*mountinfoSampler, error) {
-	n, err := countMounts()
+func startMountSampler(every time.Duration, count func() (int, error)) (*mountSampler, error) {
+	n, err := count()
 	if err != nil {
 		return nil, err
 	}
-	s := &mountinfoSampler{base: n, peak: n, done: make(chan struct{}), finished: make(chan struct{})}
+	s := &mountSampler{count: count, base: n, peak: n, done: make(chan struct{}), finished: make(chan struct{})}
 	go func() {
 		defer close(s.finished)
 		t := time.NewTicker(every)
@@ -225,7 +228,7 @@ func startMountinfoSampler(every time.Duration) (*mountinfoSampler, error) {
 			case <-s.done:
 				return
 			case <-t.C:
-				if n, err := countMounts(); err == nil && n > s.peak {
+				if n, err := count(); err == nil && n > s.peak {
 					s.peak = n
 				}
 			}
@@ -234,12 +237,16 @@ func startMountinfoSampler(every time.Duration) (*mountinfoSampler, error) {
 	return s, nil
 }
 
-// stop returns the peak above the starting count.
-func (s *mountinfoSampler) stop() int {
-	close(s.done)
-	<-s.finished
-	if n, err := countMounts(); err == nil && n > s.peak {
-		s.peak = n
+// stop ends sampling (once; later calls only return) and returns the peak
+// above the starting count.
+func (s *mountSampler) stop() int {
+	if !s.stopped {
+		s.stopped = true
+		close(s.done)
+		<-s.finished
+		if n, err := s.count(); err == nil && n > s.peak {
+			s.peak = n
+		}
 	}
 	return s.peak - s.base
 }

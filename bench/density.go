@@ -696,7 +696,7 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	}
 	var (
 		trace   *harness.MountTrace
-		sampler *scopedSampler
+		sampler *mountSampler
 	)
 	if row.Observed {
 		tp := []int{st.env.Containerd.PID(), st.node.PID()}
@@ -711,7 +711,10 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 				_, _ = trace.Stop()
 			}
 		}()
-		sampler = startScopedSampler(10*time.Millisecond, st.dirs())
+		dirs := st.dirs()
+		if sampler, err = startMountSampler(10*time.Millisecond, func() (int, error) { return kube.CountMountsUnder(dirs...) }); err != nil {
+			return err
+		}
 		defer sampler.stop()
 	}
 	// Pod names and labels: the snapshotter's name is a DNS label.
@@ -898,44 +901,4 @@ func (st *densityStage) atRest(ctx context.Context, want int) error {
 		}
 	}
 	return nil
-}
-
-// scopedSampler counts the mounts under some directories periodically and
-// keeps the peak above the count it started with.
-type scopedSampler struct {
-	base, peak int
-	done       chan struct{}
-	finished   chan struct{}
-	stopped    bool
-}
-
-func startScopedSampler(every time.Duration, dirs []string) *scopedSampler {
-	n, _ := kube.CountMountsUnder(dirs...)
-	s := &scopedSampler{base: n, peak: n, done: make(chan struct{}), finished: make(chan struct{})}
-	go func() {
-		defer close(s.finished)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case <-t.C:
-				if n, err := kube.CountMountsUnder(dirs...); err == nil && n > s.peak {
-					s.peak = n
-				}
-			}
-		}
-	}()
-	return s
-}
-
-// stop ends sampling and returns the peak above the starting count.
-func (s *scopedSampler) stop() int {
-	if !s.stopped {
-		s.stopped = true
-		close(s.done)
-		<-s.finished
-	}
-	return s.peak - s.base
 }
