@@ -12,6 +12,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 func checkContainerd(ctx context.Context, o Options, add func(string, Status, string, ...any)) {
@@ -37,7 +38,7 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 	}
 	// containerd 2.3 and later read the shim's uidmap= shape unmapped when
 	// they diff a container; "auto" gives them that shape.
-	if o.IDMap == "view" && (major > 2 || major == 2 && minor >= 3) {
+	if o.IDMap == "view" && !snapshot.AutoUsesMappedParents(major, minor) {
 		add("containerd-idmap", Warn, "idmap = \"view\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
 	}
 }

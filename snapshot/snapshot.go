@@ -829,17 +829,19 @@ func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
 		log.G(ctx).WithError(err).Warn("containerd's release is unknown: the new snapshot reads its layers through a mapped parent")
 		return true
 	}
-	return !differUnmapsShimShape(major, minor)
+	return AutoUsesMappedParents(major, minor)
 }
 
-// differUnmapsShimShape reports whether containerd's walking differ reads a
-// container's overlay with uidmap=/gidmap= options unmapped, so that its
-// diff holds only the container's changes: from containerd 2.3, whose
-// read-only mount for a diff drops those options. Older releases idmap that
-// mount, and their diff of any user-namespaced container shows every layer
-// re-owned; there a mapped parent costs nothing in correctness.
-func differUnmapsShimShape(major, minor int) bool {
-	return major > 2 || major == 2 && minor >= 3
+// AutoUsesMappedParents reports whether mode auto gives user-namespaced
+// snapshots mapped parents on containerd major.minor: before 2.3. From 2.3
+// containerd's walking differ reads a container's overlay with
+// uidmap=/gidmap= options unmapped (its read-only mount for a diff drops
+// them), so the shim's shape diffs to the container's changes alone. Older
+// releases idmap that mount, and their diff of any user-namespaced
+// container shows every layer re-owned; there a mapped parent costs
+// nothing in correctness.
+func AutoUsesMappedParents(major, minor int) bool {
+	return major < 2 || major == 2 && minor < 3
 }
 
 // mappedParentFor returns the name of m's mapped parent, mounted: the

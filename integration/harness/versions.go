@@ -12,6 +12,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // containerd releases an Env can run. runc and crane come from the tools
@@ -210,9 +213,7 @@ func removeShimSockets(address string, bundles []string) error {
 // From 2.3 on they get the shim's shape, and the shim idmaps the layer
 // parent once per container start.
 func MappedParentsByDefault(version string) bool {
-	var major, minor int
-	if _, err := fmt.Sscanf(strings.TrimPrefix(version, "v"), "%d.%d", &major, &minor); err != nil {
-		return true // the daemon's answer when containerd's release is unknown
-	}
-	return major < 2 || major == 2 && minor < 3
+	major, minor, err := containerdversion.Parse(version)
+	// A release the daemon cannot read gets mapped parents, as there.
+	return err != nil || snapshot.AutoUsesMappedParents(major, minor)
 }

@@ -28,6 +28,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // Paths of the committed results files, relative to the repository root.
@@ -282,8 +285,7 @@ func RenderPodStarts(p PodStarts) (string, error) {
 		groupedCount = "on grouped-snapshotter " + strings.Join(per, ", ")
 	}
 	mode := "its default mode (`idmap = \"auto\"`) makes a mapped parent per pod"
-	var major, minor int
-	if _, err := fmt.Sscanf(strings.TrimPrefix(p.Containerd, "v"), "%d.%d", &major, &minor); err == nil && (major > 2 || major == 2 && minor >= 3) {
+	if major, minor, err := containerdversion.Parse(p.Containerd); err == nil && !snapshot.AutoUsesMappedParents(major, minor) {
 		mode = "its default mode (`idmap = \"auto\"`) hands this containerd the shim's `uidmap=` options, as overlayfs does, so that its own differ diffs the pods right"
 	}
 	text := fmt.Sprintf("Measured on that node (Kubernetes %s, containerd %s; tracefs, from the pod's creation to Ready; containerd, its shims and the snapshotter, runc's own %s apart): a `hostUsers: false` pod with two containers (and its sandbox) starts with **%d** mount-family syscalls on containerd's %s (%s: %d idmap calls, %d unmounts) and with %s; %s. containerd's own mounts are CRI's for the sandbox, the same on both.",
