@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
@@ -31,6 +33,13 @@ type Client struct {
 	address string
 	conn    *grpc.ClientConn
 	version versionapi.VersionClient
+
+	// The last answer stands while the connection that gave it is up: a
+	// containerd that restarts (an upgrade) drops it. So a burst of
+	// container starts asks once, not once per snapshot.
+	mu           sync.Mutex
+	known        bool
+	major, minor int
 }
 
 // New returns a Client for the containerd serving on the unix socket
@@ -55,13 +64,24 @@ func New(address string) (*Client, error) {
 
 // Release returns containerd's major and minor release numbers.
 func (c *Client) Release(ctx context.Context) (major, minor int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.known && c.conn.GetState() == connectivity.Ready {
+		return c.major, c.minor, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	v, err := c.version.Version(ctx, &emptypb.Empty{}, grpc.WaitForReady(true))
 	if err != nil {
+		c.known = false
 		return 0, 0, fmt.Errorf("ask containerd at %q for its version: %w", c.address, err)
 	}
-	return Parse(v.GetVersion())
+	if c.major, c.minor, err = Parse(v.GetVersion()); err != nil {
+		c.known = false
+		return 0, 0, err
+	}
+	c.known = true
+	return c.major, c.minor, nil
 }
 
 // Close closes the connection.
