@@ -81,10 +81,4 @@ func TestConfigIDMap(t *testing.T) {
 	if got := ConfigIDMap(path); got != "auto" {
 		t.Errorf("idmap %q, want auto", got)
 	}
-	if got := withContainerdAddress(cfg, "/a.sock"); got != "containerd_address = \"/a.sock\"\n"+cfg {
-		t.Errorf("added: %q", got)
-	}
-	if got := withContainerdAddress("containerd_address = \"/b\"\n", "/a.sock"); got != "containerd_address = \"/a.sock\"\n" {
-		t.Errorf("replaced: %q", got)
-	}
 }

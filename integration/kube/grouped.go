@@ -44,7 +44,8 @@ type GroupedNode struct {
 // installs it on env's node with install.sh install --cri, then restarts
 // env's containerd (which must import its conf.d: harness.Options
 // ContainerdImports) so that it loads the drop-in. The installed config is
-// the shipped config.toml.example, as on a fresh node.
+// the shipped config.toml.example, as on a fresh node; install.sh hands the
+// daemon the Env's containerd socket (GS_CONTAINERD_ADDRESS).
 func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...any)) (_ *GroupedNode, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
@@ -86,20 +87,6 @@ func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/grouped-snapshotter: %w\n%s", err, out)
 	}
-	// The operator's config, as for a containerd that does not listen on
-	// the default socket: the shipped example with containerd_address set,
-	// which idmap = "auto" asks for containerd's release (install.sh
-	// installs the example only where no config exists).
-	example, err := os.ReadFile(filepath.Join(repo, "config.toml.example"))
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(filepath.Dir(g.ConfigFile), 0o755); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(g.ConfigFile, []byte(withContainerdAddress(string(example), env.Containerd.Address)), 0o644); err != nil {
-		return nil, err
-	}
 	out, err := g.installer(ctx, "install", "--cri", "--binary", bin)
 	if err != nil {
 		return nil, err
@@ -113,23 +100,6 @@ func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...
 	}
 	logf("grouped-snapshotter installed (pid %d, idmap %q) and containerd restarted in %s", g.PID(), g.IDMap(), time.Since(t0).Round(time.Millisecond))
 	return g, nil
-}
-
-// withContainerdAddress sets the top-level containerd_address of a config
-// file's text (adding it if absent).
-func withContainerdAddress(cfg, address string) string {
-	line := "containerd_address = " + strconv.Quote(address)
-	lines := strings.Split(cfg, "\n")
-	for i, l := range lines {
-		if strings.HasPrefix(strings.TrimSpace(l), "[") {
-			break
-		}
-		if k, _, ok := strings.Cut(l, "="); ok && strings.TrimSpace(k) == "containerd_address" {
-			lines[i] = line
-			return strings.Join(lines, "\n")
-		}
-	}
-	return line + "\n" + cfg
 }
 
 // installer runs deploy/install.sh with the DaemonSet's environment.
