@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,6 +129,9 @@ type DensityContender struct {
 	// UsernsOnly contenders do not run plain pods (they would run them
 	// exactly as another contender does).
 	UsernsOnly bool `json:",omitempty"`
+	// OptIn contenders are controls that run only when named in
+	// Config.DensityContenders (-density-contenders).
+	OptIn bool `json:",omitempty"`
 }
 
 // Names of scenario 7's contenders.
@@ -142,6 +146,10 @@ const (
 	DensityGroupedView = `grouped (idmap = "view" forced)`
 	// groupedViewSnapshotter is its proxy plugin's name.
 	groupedViewSnapshotter = "grouped-view"
+	// overlayProxySnapshotter is the proxy plugin name of OverlayProxyName:
+	// containerd's own overlay code out of process, the control that tells
+	// the cost of being a proxy plugin from grouped's own work.
+	overlayProxySnapshotter = "overlayfs-proxy"
 )
 
 // DensityContenders are compared in this order, rotated per repetition.
@@ -150,6 +158,7 @@ var DensityContenders = []DensityContender{
 	{Name: OverlayfsName, Snapshotter: harness.SnapshotterOverlayfs},
 	{Name: DensityGroupedView, Snapshotter: groupedViewSnapshotter, Only: harness.ContainerdV2_4, UsernsOnly: true},
 	{Name: ErofsName, Snapshotter: harness.SnapshotterErofs, Only: harness.ContainerdV2_4},
+	{Name: OverlayProxyName, Snapshotter: overlayProxySnapshotter, OptIn: true},
 }
 
 // DefaultDensity is what issue 31 asks for: 100 user-namespaced pods of a
@@ -180,7 +189,8 @@ func densityContenders(cfg Config, version string) []DensityContender {
 		if c.Only != "" && c.Only != version {
 			continue
 		}
-		if len(cfg.DensityContenders) > 0 && c.Name != DensityGrouped && !slices.Contains(cfg.DensityContenders, c.Name) {
+		named := slices.Contains(cfg.DensityContenders, c.Name)
+		if c.OptIn && !named || len(cfg.DensityContenders) > 0 && c.Name != DensityGrouped && !named {
 			continue
 		}
 		cs = append(cs, c)
@@ -284,9 +294,9 @@ type densityStage struct {
 	contenders []DensityContender
 	env        *harness.Env
 	node       *kube.GroupedNode
-	view       *harness.Process
-	viewRoot   string
-	viewSocket string
+	// proxies are the snapshotter daemons of contenders other than the
+	// installed grouped-snapshotter, each a proxy plugin of the drop-in.
+	proxies    []*densityProxy
 	cluster    *kube.Cluster
 	unlock     func()
 	images     map[string]string
@@ -371,10 +381,8 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 	if st.node, err = kube.InstallGrouped(ctx, st.env, cfg.Logf); err != nil {
 		return st, err
 	}
-	if slices.ContainsFunc(st.contenders, func(c DensityContender) bool { return c.Snapshotter == groupedViewSnapshotter }) {
-		if err := st.startViewDaemon(ctx); err != nil {
-			return st, err
-		}
+	if err := st.startProxies(ctx); err != nil {
+		return st, err
 	}
 	// Every image in every contender, before the cluster starts.
 	refs := []string{st.env.CRI.PauseRef}
@@ -425,17 +433,107 @@ func densityNames(cs []DensityContender) string {
 	return strings.Join(n, ", ")
 }
 
-// startViewDaemon starts a second grouped-snapshotter, the installed
-// binary with the installed config but idmap = "view", registered as
-// proxy plugin groupedViewSnapshotter by the stage's drop-in.
-func (st *densityStage) startViewDaemon(ctx context.Context) error {
-	dir := filepath.Join(st.env.Dir, "view")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+// densityProxy is a snapshotter daemon that a contender's proxy plugin
+// names.
+type densityProxy struct {
+	snapshotter  string
+	root, socket string
+	// grouped daemons have mapped parents to count.
+	grouped bool
+	proc    *harness.Process
+}
+
+// startProxies starts the daemons of the stage's proxy contenders other
+// than the installed grouped-snapshotter: for DensityGroupedView, the
+// installed binary with the installed config but idmap = "view"; for
+// OverlayProxyName, bench/cmd/overlay-proxy.
+func (st *densityStage) startProxies(ctx context.Context) error {
+	for _, c := range st.contenders {
+		var (
+			args    []string
+			grouped bool
+		)
+		dir := filepath.Join(st.env.Dir, c.Snapshotter)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		root, socket := filepath.Join(dir, "root"), filepath.Join(dir, "proxy.sock")
+		switch c.Snapshotter {
+		case groupedViewSnapshotter:
+			cfgPath, err := st.viewConfig(dir)
+			if err != nil {
+				return err
+			}
+			args, grouped = []string{st.node.Bin(), "serve", "--config", cfgPath}, true
+		case overlayProxySnapshotter:
+			bin, err := buildOverlayProxy(ctx, dir)
+			if err != nil {
+				return err
+			}
+			args = []string{bin}
+		default:
+			continue
+		}
+		args = append(args, "--root", root, "--address", socket)
+		p, err := harness.StartProcess(harness.ProcessOptions{Name: c.Name, LogPath: filepath.Join(dir, "daemon.log")}, args[0], args[1:]...)
+		if err != nil {
+			return err
+		}
+		st.proxies = append(st.proxies, &densityProxy{snapshotter: c.Snapshotter, root: root, socket: socket, grouped: grouped, proc: p})
+		if err := joinCgroups(p.PID(), st.node.PID()); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+		if err := p.WaitReady(ctx, 30*time.Second, func(context.Context) error {
+			c, err := net.Dial("unix", socket)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}); err != nil {
+			return err
+		}
 	}
-	cfg, err := os.ReadFile(st.node.ConfigFile)
+	return nil
+}
+
+// joinCgroups moves pid into the cgroups of the installed daemon, daemon:
+// every proxy contender then competes for the CPU as the installed
+// grouped-snapshotter does (install.sh starts it, without systemd, in a
+// cgroup of its own in every hierarchy, named cgroupName).
+func joinCgroups(pid, daemon int) error {
+	own, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", daemon))
 	if err != nil {
 		return err
+	}
+	if !strings.Contains(string(own), ":/"+cgroupName+"\n") {
+		// Not in cgroups of its own (systemd's unit, say): none to join.
+		return nil
+	}
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupName + "/cgroup.procs")
+	if v2 := "/sys/fs/cgroup/" + cgroupName + "/cgroup.procs"; fileExists(v2) {
+		dirs = append(dirs, v2)
+	}
+	for _, procs := range dirs {
+		if err := os.WriteFile(procs, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return fmt.Errorf("join the installed daemon's cgroup %s: %w", filepath.Dir(procs), err)
+		}
+	}
+	return nil
+}
+
+// cgroupName is the cgroup install.sh starts the daemon in without systemd.
+const cgroupName = "grouped-snapshotter"
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// viewConfig writes the installed config with idmap = "view" into dir.
+func (st *densityStage) viewConfig(dir string) (string, error) {
+	cfg, err := os.ReadFile(st.node.ConfigFile)
+	if err != nil {
+		return "", err
 	}
 	var lines []string
 	set := false
@@ -449,23 +547,7 @@ func (st *densityStage) startViewDaemon(ctx context.Context) error {
 		lines = append([]string{`idmap = "view"`}, lines...)
 	}
 	cfgPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfgPath, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
-		return err
-	}
-	st.viewRoot, st.viewSocket = filepath.Join(dir, "root"), filepath.Join(dir, "gs.sock")
-	p, err := harness.StartProcess(harness.ProcessOptions{Name: "grouped-snapshotter (view)", LogPath: filepath.Join(dir, "daemon.log")},
-		st.node.Bin(), "serve", "--config", cfgPath, "--root", st.viewRoot, "--address", st.viewSocket)
-	if err != nil {
-		return err
-	}
-	st.view = p
-	return p.WaitReady(ctx, 30*time.Second, func(context.Context) error {
-		c, err := net.Dial("unix", st.viewSocket)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
+	return cfgPath, os.WriteFile(cfgPath, []byte(strings.Join(lines, "\n")), 0o644)
 }
 
 // dropIn is the stage's containerd drop-in making c CRI's snapshotter; it
@@ -477,17 +559,17 @@ func (st *densityStage) dropIn(c DensityContender) string {
 	// (a line per CRI request).
 	b.WriteString("[debug]\n  level = \"info\"\n\n")
 	snapshotters := []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs}
-	if st.view != nil {
+	for _, p := range st.proxies {
 		fmt.Fprintf(&b, "[proxy_plugins.%s]\n  type = \"snapshot\"\n  address = %q\n  capabilities = [\"remap-ids\"]\n  [proxy_plugins.%s.exports]\n    root = %q\n\n",
-			groupedViewSnapshotter, st.viewSocket, groupedViewSnapshotter, st.viewRoot)
-		snapshotters = append(snapshotters, groupedViewSnapshotter)
+			p.snapshotter, p.socket, p.snapshotter, p.root)
+		snapshotters = append(snapshotters, p.snapshotter)
 	}
 	if slices.ContainsFunc(st.contenders, func(c DensityContender) bool { return c.Snapshotter == harness.SnapshotterErofs }) {
 		snapshotters = append(snapshotters, harness.SnapshotterErofs)
 	}
 	// The list replaces install.sh's: every snapshotter is listed.
 	for _, s := range snapshotters {
-		fmt.Fprintf(&b, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\n  platform = \"linux/amd64\"\n  snapshotter = %q\n  differ = \"walking\"\n", s)
+		fmt.Fprintf(&b, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\n  platform = \"linux/%s\"\n  snapshotter = %q\n  differ = \"walking\"\n", runtime.GOARCH, s)
 	}
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.cri.v1.images']\n  snapshotter = %q\n", c.Snapshotter)
 	return b.String()
@@ -524,11 +606,13 @@ func (st *densityStage) use(ctx context.Context, c DensityContender) error {
 
 // daemonPID is the pid of c's snapshotter daemon, 0 for a built-in one.
 func (st *densityStage) daemonPID(c DensityContender) int {
-	switch c.Snapshotter {
-	case harness.SnapshotterGrouped:
+	if c.Snapshotter == harness.SnapshotterGrouped {
 		return st.node.PID()
-	case groupedViewSnapshotter:
-		return st.view.PID()
+	}
+	for _, p := range st.proxies {
+		if p.snapshotter == c.Snapshotter {
+			return p.proc.PID()
+		}
 	}
 	return 0
 }
@@ -540,8 +624,11 @@ func (st *densityStage) mappedParents() (int, error) {
 		return 0, err
 	}
 	n := len(a)
-	if st.view != nil {
-		b, err := kube.MappedParentsUnder(st.viewRoot)
+	for _, p := range st.proxies {
+		if !p.grouped {
+			continue
+		}
+		b, err := kube.MappedParentsUnder(p.root)
 		if err != nil {
 			return 0, err
 		}
@@ -566,8 +653,8 @@ func (st *densityStage) close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if st.view != nil {
-		errs = append(errs, st.view.Stop(30*time.Second))
+	for _, p := range st.proxies {
+		errs = append(errs, p.proc.Stop(30*time.Second))
 	}
 	if st.node != nil {
 		errs = append(errs, st.node.Uninstall(ctx), st.node.Close())
@@ -700,8 +787,8 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	)
 	if row.Observed {
 		tp := []int{st.env.Containerd.PID(), st.node.PID()}
-		if st.view != nil {
-			tp = append(tp, st.view.PID())
+		for _, p := range st.proxies {
+			tp = append(tp, p.proc.PID())
 		}
 		if trace, err = harness.StartMountTrace(tp...); err != nil {
 			return err

@@ -188,7 +188,7 @@ func writeDensity(b *strings.Builder, res *Results, charts []string) {
 
 func densityMethod(res *Results) string {
 	var b strings.Builder
-	b.WriteString("The project's single-node Kubernetes " + kube.KubernetesVersion + " (`integration/kube`: etcd, apiserver, controller-manager, scheduler, kube-proxy and a kubelet with its defaults, `maxPods` 110) on a private containerd of each release with CRI, runc and CNI bridge networking. grouped-snapshotter is installed by `deploy/install.sh install --cri`, what the DaemonSet runs, with the shipped config (`containerd_address` set to the private containerd). The contender is CRI's snapshotter, switched between runs by a containerd drop-in and a restart of containerd (the kubelet keeps running); every image was pulled into every contender before the first run. ")
+	b.WriteString("The project's single-node Kubernetes " + kube.KubernetesVersion + " (`integration/kube`: etcd, apiserver, controller-manager, scheduler, kube-proxy and a kubelet with its defaults, `maxPods` 110) on a private containerd of each release with CRI, runc and CNI bridge networking. grouped-snapshotter is installed by `deploy/install.sh install --cri`, what the DaemonSet runs, with the shipped config (install.sh hands the daemon the private containerd's socket). The contender is CRI's snapshotter, switched between runs by a containerd drop-in and a restart of containerd (the kubelet keeps running); every image was pulled into every contender before the first run. ")
 	b.WriteString("One run creates N pods at once through the API (one request each, concurrently, over one HTTP/2 connection), each with a sandbox (pause) and two containers, app and sidecar, of the workload's image (a shell that exits on SIGTERM), then deletes them all at once. **Startup latency** is the SLO's: from the pod's `creationTimestamp` (whole seconds) to the moment a watch sees all its containers started; `all started` is from the first create request to the last pod seen started, `all deleted` from the first delete request to the last pod gone. Between runs the stopped sandboxes are removed, as the kubelet's garbage collection does a minute later, and containerd collects the snapshots; the next run starts with no pod sandbox, no mapped parent and the mount table as before. Every run starts after a restart of containerd, and each node's first run, a warm-up, is not recorded.\n\n")
 	b.WriteString("Contenders take turns within every repetition (rotated), and the workloads too; ratios are grouped's p99 ÷ the other's over the repetitions' pairs, ratio of medians with a bootstrap 95% interval. Timed runs neither trace nor sample: the mount table is counted before, with all pods running and after; one extra, observed run per contender and workload traces mount-family syscalls (tracefs: shims, containerd, the snapshotter daemons; runc apart) and samples the mount table every 10 ms for its peak. Mount-table entries are those under the node's directories (containerd's state, the snapshotters' roots, the kubelet's), so that other users of the machine do not count. CPU seconds are of containerd, the kubelet and the contender's snapshotter daemon, from the first create request until all pods were gone.\n\n")
 	var shapes []string
@@ -200,7 +200,14 @@ func densityMethod(res *Results) string {
 		}
 	}
 	if len(shapes) > 0 {
-		b.WriteString("User-namespaced pods, as run: " + strings.Join(shapes, "; ") + ". erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so.\n\n")
+		b.WriteString("User-namespaced pods, as run: " + strings.Join(shapes, "; ") + ".\n\n")
+	}
+	ran := func(c string) bool { return slices.ContainsFunc(res.Density, func(r DensityRow) bool { return r.Contender == c }) }
+	if ran(ErofsName) {
+		b.WriteString("erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so.\n\n")
+	}
+	if ran(OverlayProxyName) {
+		b.WriteString("**overlayfs behind proxy** is a control, not a product: containerd v2.4.2's own overlay snapshotter code served out of process by `bench/cmd/overlay-proxy` and registered as a proxy plugin with capabilities `[\"remap-ids\"]`, as grouped is. Its difference from overlayfs is the cost of being a proxy plugin (a second process, two gRPC hops per snapshotter call); its difference from grouped is grouped's own work.\n\n")
 	}
 	if img := res.DensityImage; img != nil {
 		fmt.Fprintf(&b, "The real-content image is Debian %s (`debootstrap --variant=minbase --include=%s`), %d regular files, %.0f MiB, cut into %d layers (everything outside `usr/`, then `usr/` in path order in parts of about equal size). The other images are the bursts' (busybox and one small file per layer).\n\n",

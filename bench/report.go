@@ -26,8 +26,17 @@ func Markdown(res *Results, charts []string, notes string) string {
 		fmt.Fprintf(&b, "> **Preliminary:** the machine was not quiet when this run (or a part of it) started (CPU %.0f%% busy over 3 s, %d containerd processes of others). Re-run `make bench` on a quiet machine before quoting absolute times.\n\n",
 			100*noisy.BusyBefore, noisy.OtherContainerd)
 	}
-	fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
-		res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
+	if slices.Equal(cfg.Scenarios, []string{"density"}) {
+		var ws []string
+		for _, w := range cfg.Density {
+			ws = append(ws, fmt.Sprintf("%s: %d", w, w.Reps))
+		}
+		fmt.Fprintf(&b, "Run of %s, %s, repetitions per workload (%s), contenders interleaved (rotated each repetition). ",
+			res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), strings.Join(ws, "; "))
+	} else {
+		fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
+			res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
+	}
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	b.WriteString(partsLine(res))
 	writeAB(&b, res)
@@ -57,6 +66,11 @@ func writeMachine(b *strings.Builder, m Machine) {
 }
 
 func writeMethod(b *strings.Builder, cfg Config) {
+	if slices.Equal(cfg.Scenarios, []string{"density"}) {
+		// Scenario 7 runs on a Kubernetes node, not behind the other
+		// scenarios' private containerds: its section has its own method.
+		return
+	}
 	b.WriteString("## Method\n\n")
 	// The contenders of this run, described.
 	var cs []string
