@@ -204,7 +204,7 @@ func densityMethod(res *Results) string {
 	}
 	ran := func(c string) bool { return slices.ContainsFunc(res.Density, func(r DensityRow) bool { return r.Contender == c }) }
 	if ran(ErofsName) {
-		b.WriteString("erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so.\n\n")
+		b.WriteString("erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so. It runs once per workload, a check that it runs the workload rather than a comparison with an interval.\n\n")
 	}
 	if ran(OverlayProxyName) {
 		b.WriteString("**overlayfs behind proxy** is a control, not a product: containerd v2.4.2's own overlay snapshotter code served out of process by `bench/cmd/overlay-proxy` and registered as a proxy plugin with capabilities `[\"remap-ids\"]`, as grouped is. Its difference from overlayfs is the cost of being a proxy plugin (a second process, two gRPC hops per snapshotter call); its difference from grouped is grouped's own work.\n\n")
