@@ -179,6 +179,7 @@ func writeDensity(b *strings.Builder, res *Results, charts []string) {
 		b.WriteString(densityTable(res, w, true))
 		b.WriteString(criOpsTable(res, w))
 	}
+	b.WriteString(startPathTable(res))
 	for _, c := range charts {
 		if strings.Contains(c, "density") {
 			fmt.Fprintf(b, "![%s](%s)\n\n", strings.TrimSuffix(c, ".png"), c)
@@ -561,3 +562,75 @@ func criOpsTable(res *Results, w DensityWorkload) string {
 	b.WriteString("\n")
 	return b.String()
 }
+
+// meanCRIOp is the mean seconds of the kubelet's CRI call op over rows,
+// and whether any was made.
+func meanCRIOp(rows []DensityRow, op string) (float64, bool) {
+	var sum float64
+	var n uint64
+	for _, r := range rows {
+		sum += r.CRIOps[op].Sum
+		n += r.CRIOps[op].Count
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
+}
+
+// startPathTable sets the start calls of plain and user-namespaced pods
+// side by side, per release and contender, for the workloads of the same
+// pod count and image that ran both ways: the kubelet makes a pod's calls
+// in sequence (its sandbox, then create and start of each container), so
+// their sum is the pod's start path through CRI, and the difference
+// between the two kinds of pods shows which call the user namespace costs.
+func startPathTable(res *Results) string {
+	var pairs [][2]DensityWorkload
+	ws := densityWorkloadsOf(res)
+	for _, u := range ws {
+		for _, p := range ws {
+			if u.Userns && !p.Userns && u.Pods == p.Pods && u.Image == p.Image && u.Layers == p.Layers {
+				pairs = append(pairs, [2]DensityWorkload{p, u})
+			}
+		}
+	}
+	var b strings.Builder
+	for _, pair := range pairs {
+		p, u := pair[0], pair[1]
+		var lines []string
+		for _, v := range res.Config.Versions {
+			for _, c := range densityContenderNames() {
+				for _, w := range []DensityWorkload{p, u} {
+					rows, _ := okRows(densityRows(res, v, c, w, false))
+					if len(rows) == 0 {
+						continue
+					}
+					kind := "plain"
+					if w.Userns {
+						kind = "user-namespaced"
+					}
+					sandbox, ok1 := meanCRIOp(rows, "run_podsandbox")
+					create, ok2 := meanCRIOp(rows, "create_container")
+					start, ok3 := meanCRIOp(rows, "start_container")
+					if !ok1 || !ok2 || !ok3 {
+						continue
+					}
+					lines = append(lines, fmt.Sprintf("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %s |", v, c, kind, sandbox, create, start,
+						sandbox+float64(containersPerPod)*(create+start), secs(medianOf(rows, func(r DensityRow) float64 { return r.Percentile(50) }))))
+				}
+			}
+		}
+		if len(lines) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "### Where a pod's start goes: %d pods, %s\n\n", p.Pods, strings.TrimPrefix(p.String(), fmt.Sprintf("%d plain pods, ", p.Pods)))
+		fmt.Fprintf(&b, "The kubelet's start calls (mean seconds per call over the timed runs) and the pod's start path through CRI: its sandbox, then create and start of each of its %d containers, which the kubelet makes one after another. The rest of a pod's startup latency is the kubelet's and the API's (scheduling, the pod worker's queue, status updates).\n\n", containersPerPod)
+		b.WriteString("| containerd | contender | pods | run_podsandbox | create_container | start_container | start path, s | startup p50, s |\n|---|---|---|---|---|---|---|---|\n")
+		b.WriteString(strings.Join(lines, "\n") + "\n\n")
+	}
+	return b.String()
+}
+
+// containersPerPod are the containers besides the sandbox of every pod of
+// scenario 7 (kube.DensitySpec): app and sidecar.
+const containersPerPod = 2
