@@ -301,10 +301,10 @@ type densityStage struct {
 	node       *kube.GroupedNode
 	// proxies are the snapshotter daemons of contenders other than the
 	// installed grouped-snapshotter, each a proxy plugin of the drop-in.
-	proxies    []*densityProxy
-	cluster    *kube.Cluster
-	unlock     func()
-	images     map[string]string
+	proxies []*densityProxy
+	cluster *kube.Cluster
+	unlock  func()
+	images  map[string]string
 	// noImage[contender][image] is why the contender could not pull it.
 	noImage map[string]map[string]string
 	current string

@@ -203,7 +203,9 @@ func densityMethod(res *Results) string {
 	if len(shapes) > 0 {
 		b.WriteString("User-namespaced pods, as run: " + strings.Join(shapes, "; ") + ".\n\n")
 	}
-	ran := func(c string) bool { return slices.ContainsFunc(res.Density, func(r DensityRow) bool { return r.Contender == c }) }
+	ran := func(c string) bool {
+		return slices.ContainsFunc(res.Density, func(r DensityRow) bool { return r.Contender == c })
+	}
 	if ran(ErofsName) {
 		b.WriteString("erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so. It runs once per workload, a check that it runs the workload rather than a comparison with an interval.\n\n")
 	}
