@@ -514,11 +514,10 @@ func joinCgroups(pid, daemon int) error {
 		// Not in cgroups of its own (systemd's unit, say): none to join.
 		return nil
 	}
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupName + "/cgroup.procs")
-	if v2 := "/sys/fs/cgroup/" + cgroupName + "/cgroup.procs"; fileExists(v2) {
-		dirs = append(dirs, v2)
-	}
-	for _, procs := range dirs {
+	// v1 hierarchies and the hybrid unified one, then a pure v2 host's.
+	v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupName + "/cgroup.procs")
+	v2, _ := filepath.Glob("/sys/fs/cgroup/" + cgroupName + "/cgroup.procs")
+	for _, procs := range append(v1, v2...) {
 		if err := os.WriteFile(procs, []byte(strconv.Itoa(pid)), 0o644); err != nil {
 			return fmt.Errorf("join the installed daemon's cgroup %s: %w", filepath.Dir(procs), err)
 		}
@@ -528,11 +527,6 @@ func joinCgroups(pid, daemon int) error {
 
 // cgroupName is the cgroup install.sh starts the daemon in without systemd.
 const cgroupName = "grouped-snapshotter"
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
 
 // viewConfig writes the installed config with idmap = "view" into dir.
 func (st *densityStage) viewConfig(dir string) (string, error) {

@@ -546,17 +546,12 @@ func criOpsTable(res *Results, w DensityWorkload) string {
 			}
 			fmt.Fprintf(&b, "| %s | %s |", v, c)
 			for _, op := range criOps {
-				var sum float64
-				var n uint64
-				for _, r := range rows {
-					sum += r.CRIOps[op].Sum
-					n += r.CRIOps[op].Count
-				}
+				mean, n := meanCRIOp(rows, op)
 				if n == 0 {
 					b.WriteString(" – |")
 					continue
 				}
-				fmt.Fprintf(&b, " %.2f (%.0f) |", sum/float64(n), float64(n)/float64(len(rows)))
+				fmt.Fprintf(&b, " %.2f (%.0f) |", mean, float64(n)/float64(len(rows)))
 			}
 			b.WriteString("\n")
 		}
@@ -566,18 +561,17 @@ func criOpsTable(res *Results, w DensityWorkload) string {
 }
 
 // meanCRIOp is the mean seconds of the kubelet's CRI call op over rows,
-// and whether any was made.
-func meanCRIOp(rows []DensityRow, op string) (float64, bool) {
+// and the number of calls.
+func meanCRIOp(rows []DensityRow, op string) (mean float64, calls uint64) {
 	var sum float64
-	var n uint64
 	for _, r := range rows {
 		sum += r.CRIOps[op].Sum
-		n += r.CRIOps[op].Count
+		calls += r.CRIOps[op].Count
 	}
-	if n == 0 {
-		return 0, false
+	if calls == 0 {
+		return 0, 0
 	}
-	return sum / float64(n), true
+	return sum / float64(calls), calls
 }
 
 // startPathTable sets the start calls of plain and user-namespaced pods
@@ -611,10 +605,10 @@ func startPathTable(res *Results) string {
 					if w.Userns {
 						kind = "user-namespaced"
 					}
-					sandbox, ok1 := meanCRIOp(rows, "run_podsandbox")
-					create, ok2 := meanCRIOp(rows, "create_container")
-					start, ok3 := meanCRIOp(rows, "start_container")
-					if !ok1 || !ok2 || !ok3 {
+					sandbox, n1 := meanCRIOp(rows, "run_podsandbox")
+					create, n2 := meanCRIOp(rows, "create_container")
+					start, n3 := meanCRIOp(rows, "start_container")
+					if n1 == 0 || n2 == 0 || n3 == 0 {
 						continue
 					}
 					lines = append(lines, fmt.Sprintf("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %s |", v, c, kind, sandbox, create, start,
