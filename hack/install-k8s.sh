@@ -19,15 +19,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ] && [ -x "$OUT/kube-apiserver" ] &
 	exit 0
 fi
 
-need_apt=()
-command -v openssl >/dev/null || need_apt+=(openssl)
-command -v iptables-save >/dev/null || need_apt+=(iptables)
-command -v conntrack >/dev/null || need_apt+=(conntrack)
-if [ ${#need_apt[@]} -gt 0 ]; then
-	echo "install-k8s: apt-get install ${need_apt[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+"$(dirname "$0")/install-apt.sh"
 
 # module_copy MODULE@VERSION DIR: a writable copy of a module from the
 # module proxy, in DIR.

@@ -31,16 +31,7 @@ CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 CNI_VERSION=${CNI_VERSION:-v1.9.0}
 NERDCTL_VERSION=${NERDCTL_VERSION:-v2.2.1}
 
-need_apt=()
-[ -e /usr/include/seccomp.h ] || need_apt+=(libseccomp-dev)
-[ -x /bin/busybox ] || need_apt+=(busybox-static)
-command -v gcc >/dev/null || need_apt+=(gcc)
-command -v pkg-config >/dev/null || need_apt+=(pkg-config)
-if [ ${#need_apt[@]} -gt 0 ]; then
-	echo "install-tools: apt-get install ${need_apt[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+"$(dirname "$0")/install-apt.sh"
 
 # build NAME VERSION TAGS PKG...
 build() {

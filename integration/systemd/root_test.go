@@ -67,7 +67,7 @@ func cachedRoot(repo string, logf func(string, ...any)) (string, error) {
 	}
 	for _, tool := range []string{"debootstrap", "systemd-nspawn"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return "", fmt.Errorf("%s not found: apt-get install systemd-container debootstrap (.ci/run does)", tool)
+			return "", fmt.Errorf("%s not found: hack/install-apt.sh installs it (make test runs it)", tool)
 		}
 	}
 	tmp := dir + ".tmp"
