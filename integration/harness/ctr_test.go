@@ -20,3 +20,23 @@ func TestPrivateStateArgs(t *testing.T) {
 		}
 	}
 }
+
+func TestForegroundRun(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"run", "--rm", "--snapshotter", "grouped", "img", "id", "echo", "-d"}, true},
+		{[]string{"run", "-d", "--null-io", "img", "id"}, false},
+		{[]string{"run", "--null-io", "img", "id"}, false},
+		{[]string{"run", "--tty", "img", "id"}, false},
+		{[]string{"run", "--log-uri=file:///x", "img", "id"}, false},
+		{[]string{"run", "--rm", "--snapshotter", "grouped", "-d", "img", "id"}, false},
+		{[]string{"run", "--uidmap", "0:1:2", "--remap-labels", "--null-io", "img", "id"}, false},
+		{[]string{"tasks", "start", "id"}, false},
+	} {
+		if got := foregroundRun(tc.args); got != tc.want {
+			t.Errorf("foregroundRun(%q) = %v, want %v", tc.args, got, tc.want)
+		}
+	}
+}

@@ -79,6 +79,10 @@ type line struct {
 	Entry  *Entry `json:"e,omitempty"`
 	Mount  string `json:"mount,omitempty"`
 	UIDMap string `json:"uidmap,omitempty"`
+	// End closes the manifest with its number of entries, so that a reader
+	// tells a whole manifest from one cut short on its way (a container
+	// runtime losing the end of a task's output, for one).
+	End *int `json:"end,omitempty"`
 }
 
 // Write prints m as JSON lines: short lines survive CRI's log format,
@@ -101,12 +105,19 @@ func Write(w io.Writer, m Manifest) error {
 			return err
 		}
 	}
+	n := len(m.Entries)
+	if err := enc.Encode(line{End: &n}); err != nil {
+		return err
+	}
 	return bw.Flush()
 }
 
-// Parse reads what Write printed.
+// Parse reads what Write printed, and fails unless it ends with Write's end
+// line and its count of entries: a manifest cut short is an error, never a
+// smaller tree.
 func Parse(r io.Reader) (Manifest, error) {
 	var m Manifest
+	end := -1
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -114,11 +125,16 @@ func Parse(r io.Reader) (Manifest, error) {
 		if text == "" {
 			continue
 		}
+		if end >= 0 {
+			return m, fmt.Errorf("manifest line %d follows the end line: %.80q", n, text)
+		}
 		var l line
 		if err := json.Unmarshal([]byte(text), &l); err != nil {
 			return m, fmt.Errorf("manifest line %d %.80q: %w", n, text, err)
 		}
 		switch {
+		case l.End != nil:
+			end = *l.End
 		case l.Entry != nil:
 			m.Entries = append(m.Entries, *l.Entry)
 		case l.Mount != "":
@@ -132,7 +148,12 @@ func Parse(r io.Reader) (Manifest, error) {
 	if err := sc.Err(); err != nil {
 		return m, fmt.Errorf("read manifest: %w", err)
 	}
-	if len(m.Entries) == 0 {
+	switch {
+	case end < 0:
+		return m, fmt.Errorf("manifest has no end line after %d entries: its output was cut short", len(m.Entries))
+	case end != len(m.Entries):
+		return m, fmt.Errorf("manifest ends with a count of %d entries but has %d", end, len(m.Entries))
+	case end == 0:
 		return m, fmt.Errorf("manifest has no entries")
 	}
 	sort.Slice(m.Entries, func(i, j int) bool { return m.Entries[i].Path < m.Entries[j].Path })

@@ -79,3 +79,38 @@ func TestCompare(t *testing.T) {
 		t.Errorf("a tree differs from itself: %q", d)
 	}
 }
+
+// TestParseCutShort checks that an output cut anywhere, at a line's end or
+// in the middle, or lost altogether, is an error and never a smaller tree.
+func TestParseCutShort(t *testing.T) {
+	m := Manifest{UIDMap: "0:0:4294967295", Mounts: []string{"/proc"}}
+	for _, p := range []string{"/a", "/b", "/c"} {
+		m.Entries = append(m.Entries, Entry{Path: p, Type: "dir", Mode: 0o755})
+	}
+	var buf bytes.Buffer
+	if err := Write(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	whole := buf.String()
+	if _, err := Parse(strings.NewReader(whole)); err != nil {
+		t.Fatalf("the whole manifest: %v", err)
+	}
+	cuts := 0
+	for i := 0; i < len(whole)-1; i++ {
+		if whole[i] == '\n' || i%7 == 0 {
+			cuts++
+			if got, err := Parse(strings.NewReader(whole[:i])); err == nil {
+				t.Errorf("a manifest cut at byte %d of %d parsed, with %d entries", i, len(whole), len(got.Entries))
+			}
+		}
+	}
+	if cuts < 5 {
+		t.Fatalf("only %d cuts tried", cuts)
+	}
+	if _, err := Parse(strings.NewReader(whole + whole)); err == nil {
+		t.Error("two manifests one after the other parsed")
+	}
+	if _, err := Parse(strings.NewReader(`{"end":0}` + "\n")); err == nil || !strings.Contains(err.Error(), "no entries") {
+		t.Errorf("an empty manifest: %v, want no entries", err)
+	}
+}
