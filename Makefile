@@ -94,7 +94,7 @@ vet:
 # (between their BEGIN/END markers) from the committed results files:
 # integration/results/mount-syscalls.json (integration's TestMountgroup),
 # integration/results/compat.json (integration/compat) and
-# integration/k8s/results/latest.json (integration/k8s).
+# integration/k8s/results/latest.json and rollout.json (integration/k8s).
 # integration/cmd/readme-tables's test fails while a document is stale.
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..

@@ -6,7 +6,8 @@
 // the same path under OutputDir, the ignored _output/results at the
 // repository root (integration.TestMountgroup writes
 // _output/results/integration/results/mount-syscalls.json,
-// k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json,
+// k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json
+// and rollout.json,
 // compat.TestCompat _output/results/integration/results/compat.json, the
 // conformance tests _output/results/integration/conformance/results/latest.md).
 // When a person decides to update the committed figures, `make
@@ -420,7 +421,11 @@ func Sections(root string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", CompatFile, err)
 	}
-	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat}, nil
+	rollout, err := readRollout(root)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout}, nil
 }
 
 // RenderREADME returns readme with every generated section replaced.
