@@ -39,13 +39,6 @@ type allowedFigure struct {
 
 // allowedFigures is the allow-list, each entry with why it is a constant.
 var allowedFigures = []allowedFigure{
-	// The bootstrap's confidence level (bench/stats.go), a method constant.
-	{"*", "95 %", "95% interval"},
-	{"*", "95 %", "95% CI"},
-	{"*", "95 %", "95% confidence"},
-	// SIG Scalability's pod-startup SLO, a target, not a result.
-	{"*", "5 s", "p99 ≤ 5 s"},
-	{"docs/benchmarks.md", "5 s", "The SLO's 5 s"},
 	// make bench's time budget (bench.Headline's configuration).
 	{"docs/benchmarks.md", "20 min", "at most 20 minutes"},
 	// import and export: how long containerd has to answer
@@ -61,7 +54,8 @@ var allowedFigures = []allowedFigure{
 	{"docs/testing.md", "2 s", "a pod created every 2 s"},
 	// systemd's and the unit's settings (deploy/systemd): the stop
 	// timeout, the default start limit, RestartSec=2 with
-	// StartLimitBurst=10 (so about 20 s), and the test's SIGKILL delay.
+	// StartLimitBurst=10 (so about 20 s), and integration/systemd's
+	// SIGKILL delay.
 	{"docs/testing.md", "90 s", "systemd waits up to 90 s"},
 	{"docs/testing.md", "10 s", "start limit (5 in 10 s)"},
 	{"docs/testing.md", "2 s", "restarted every 2 s"},
@@ -106,7 +100,10 @@ var (
 		`(\s?(?:×|%)|\s(?:ns|µs|ms|s|sec|seconds?|min|minutes?|h|hours?|B|KiB|MiB|GiB|KB|MB|GB)\b|(?:\s[\w-]+){0,3}\s(?:syscalls|calls|entries|wakeups|forks)\b)`)
 	// The interval of a ratio: "[0.88–1.06]".
 	intervalRE = regexp.MustCompile(`\[(` + number + `)–(` + number + `)\]`)
-	numberRE   = regexp.MustCompile(number)
+	// An approximate figure, "~75": typed, since code prints what it
+	// measured.
+	approxRE = regexp.MustCompile(`~\s?(` + number + `)`)
+	numberRE = regexp.MustCompile(number)
 	// What is not prose: generated blocks, fenced code, inline code,
 	// HTML comments and link targets.
 	generatedRE = regexp.MustCompile(`(?s)<!-- BEGIN ([\w-]+).*?<!-- END ([\w-]+) -->`)
@@ -177,6 +174,9 @@ func figures(doc, text string) []figure {
 			add(m[4]+r[0], text[m[4]+r[0]:m[4]+r[1]], unit)
 		}
 	}
+	for _, m := range approxRE.FindAllStringSubmatchIndex(text, -1) {
+		add(m[2], text[m[2]:m[3]], "~")
+	}
 	for _, m := range intervalRE.FindAllStringSubmatchIndex(text, -1) {
 		add(m[2], text[m[2]:m[3]], "×")
 		add(m[4], text[m[4]:m[5]], "×")
@@ -184,20 +184,22 @@ func figures(doc, text string) []figure {
 	return out
 }
 
-// allowed reports whether f is on the allow-list.
-func allowed(f figure, allow []allowedFigure) bool {
-	for _, a := range allow {
+// allowed returns the index of the allow-list entry that lets f through,
+// or -1.
+func allowed(f figure, allow []allowedFigure) int {
+	for i, a := range allow {
 		if (a.doc == "*" || a.doc == f.doc) && a.figure == f.key && strings.Contains(f.context, a.near) {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 // unheldFigures returns the figures of the documents (name → text) that
 // neither a generated block of any of them nor held (the texts code
-// rendered from results files) shows, nor allow lets through.
-func unheldFigures(docs map[string]string, held []string, allow []allowedFigure) []figure {
+// rendered from results files) shows, nor allow lets through, and the
+// entries of allow that let nothing through.
+func unheldFigures(docs map[string]string, held []string, allow []allowedFigure) (bad []figure, unused []allowedFigure) {
 	// keys are the held figures with their units; counts are also held by
 	// a bare number (a table cell under its column's unit, a JSON value).
 	keys, bare := map[string]bool{}, map[string]bool{}
@@ -214,7 +216,7 @@ func unheldFigures(docs map[string]string, held []string, allow []allowedFigure)
 			bare[strings.ReplaceAll(n, ",", "")] = true
 		}
 	}
-	var bad []figure
+	used := make([]bool, len(allow))
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for name := range docs {
 			if !yield(name) {
@@ -224,15 +226,22 @@ func unheldFigures(docs map[string]string, held []string, allow []allowedFigure)
 	}) {
 		for _, f := range figures(name, prose(docs[name])) {
 			num, unit, _ := strings.Cut(f.key, " ")
-			if keys[f.key] || countUnits[unit] && bare[num] || allowed(f, allow) {
+			if keys[f.key] || countUnits[unit] && bare[num] {
 				continue
 			}
-			{
-				bad = append(bad, f)
+			if i := allowed(f, allow); i >= 0 {
+				used[i] = true
+				continue
 			}
+			bad = append(bad, f)
 		}
 	}
-	return bad
+	for i, a := range allow {
+		if !used[i] {
+			unused = append(unused, a)
+		}
+	}
+	return bad, unused
 }
 
 // heldTexts returns the texts code wrote from the committed results files:
@@ -286,8 +295,12 @@ func TestDocFiguresHeld(t *testing.T) {
 	for _, text := range docs {
 		checked += len(figures("", prose(text)))
 	}
-	for _, f := range unheldFigures(docs, heldTexts(t, root), allowedFigures) {
+	bad, unused := unheldFigures(docs, heldTexts(t, root), allowedFigures)
+	for _, f := range bad {
 		t.Errorf("%s: no results file holds this figure; render it from one (a generated block), quote it as a report prints it, or remove it", f)
+	}
+	for _, a := range unused {
+		t.Errorf("allow-list entry %+v lets no figure through: remove it", a)
 	}
 	t.Logf("checked %d figures in %d documents", checked, len(docs))
 }
@@ -299,19 +312,23 @@ func TestFigureCheckFinds(t *testing.T) {
 	docs := map[string]string{
 		"README.md": "Intro.\n\n<!-- BEGIN rollout (generated) -->\nThe import took 1.07 s, 3.36 s per GiB.\n<!-- END rollout -->\n\n" +
 			"It took 1.3 s while CRI served: 4.4 s per GiB, 0.26 s per image, 1.07 s in all.\n" +
-			"Pods start in 0.91× [0.87–1.06] of overlayfs's time, bursts 8–12 s, 12,301 mount syscalls, 41,001 mount syscalls, 1.40 → 1.01 s.\n" +
+			"Pods start in 0.91× [0.87–1.06] of overlayfs's time, bursts 8–12 s, 12,301 mount syscalls, 41,001 mount syscalls, 1.40 → 1.01 s, runc's ~75.\n" +
 			"```sh\nsleep 30 s\n```\nRun `timeout 90 s`; see [x](a-2.5s.md). p99 ≤ 5 s.\n",
 		"docs/b.md": "A report says 0.65× [0.57–0.71]; the notes said 0.72×.\n",
 	}
 	held := []string{"| burst | 0.65× [0.57–0.71], n=8 (2.68 s vs 4.10 s) | 41001 |\n" + notesHeading[1:] + "\n0.72×\n"}
 	held[0], _, _ = strings.Cut(held[0], notesHeading[1:])
 	var got []string
-	for _, f := range unheldFigures(docs, held, []allowedFigure{{"*", "5 s", "p99 ≤ 5 s"}}) {
+	bad, unused := unheldFigures(docs, held, []allowedFigure{{"*", "5 s", "p99 ≤ 5 s"}, {"*", "7 s", "never"}})
+	if len(unused) != 1 || unused[0].near != "never" {
+		t.Errorf("unused allow-list entries %v, want the one that matches nothing", unused)
+	}
+	for _, f := range bad {
 		got = append(got, fmt.Sprintf("%s:%d %s", f.doc, f.line, f.key))
 	}
 	want := []string{
 		"README.md:7 1.3 s", "README.md:7 4.4 s", "README.md:7 0.26 s",
-		"README.md:8 8 s", "README.md:8 12 s", "README.md:8 12301 syscalls", "README.md:8 0.91 ×", "README.md:8 1.40 s", "README.md:8 1.01 s", "README.md:8 0.87 ×", "README.md:8 1.06 ×",
+		"README.md:8 8 s", "README.md:8 12 s", "README.md:8 12301 syscalls", "README.md:8 0.91 ×", "README.md:8 1.40 s", "README.md:8 1.01 s", "README.md:8 75 ~", "README.md:8 0.87 ×", "README.md:8 1.06 ×",
 		"docs/b.md:1 0.72 ×",
 	}
 	slices.Sort(got)
