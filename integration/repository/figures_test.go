@@ -82,7 +82,7 @@ var units = map[string]string{
 	"s": "s", "sec": "s", "second": "s", "seconds": "s",
 	"min": "min", "minute": "min", "minutes": "min",
 	"h": "h", "hour": "h", "hours": "h",
-	"B": "B", "KiB": "KiB", "MiB": "MiB", "GiB": "GiB", "KB": "KB", "MB": "MB", "GB": "GB",
+	"B": "B", "byte": "B", "bytes": "B", "KiB": "KiB", "MiB": "MiB", "GiB": "GiB", "KB": "KB", "MB": "MB", "GB": "GB",
 	"syscalls": "syscalls", "calls": "syscalls", "entries": "entries", "wakeups": "wakeups", "forks": "forks",
 }
 
@@ -97,7 +97,7 @@ var (
 	// a unit: "1.3 s", "8–12 s", "0.5–1 ms", "4.4 s per GiB", "12,301
 	// mount syscalls" (counts may have up to three words between).
 	unitRE = regexp.MustCompile(`(?:^|[^\w.,])(` + number + `)((?:\s?(?:–|-|to|→)\s?(?:` + number + `))*)` +
-		`(\s?(?:×|%)|\s(?:ns|µs|ms|s|sec|seconds?|min|minutes?|h|hours?|B|KiB|MiB|GiB|KB|MB|GB)\b|(?:\s[\w-]+){0,3}\s(?:syscalls|calls|entries|wakeups|forks)\b)`)
+		`(\s?(?:×|%)|\s(?:ns|µs|ms|s|sec|seconds?|min|minutes?|h|hours?|B|bytes?|KiB|MiB|GiB|KB|MB|GB)\b|(?:\s[\w-]+){0,3}\s(?:syscalls|calls|entries|wakeups|forks)\b)`)
 	// The interval of a ratio: "[0.88–1.06]".
 	intervalRE = regexp.MustCompile(`\[(` + number + `)–(` + number + `)\]`)
 	// An approximate figure, "~75": typed, since code prints what it
