@@ -295,6 +295,11 @@ func TestDocFiguresHeld(t *testing.T) {
 	for _, text := range docs {
 		checked += len(figures("", prose(text)))
 	}
+	// The documents quote well over a hundred figures, most of them held;
+	// far fewer would mean the extraction broke and checks nothing.
+	if checked < 50 {
+		t.Fatalf("found only %d figures in %d documents: the extraction checks nothing", checked, len(docs))
+	}
 	bad, unused := unheldFigures(docs, heldTexts(t, root), allowedFigures)
 	for _, f := range bad {
 		t.Errorf("%s: no results file holds this figure; render it from one (a generated block), quote it as a report prints it, or remove it", f)
