@@ -342,3 +342,92 @@ func TestFigureCheckFinds(t *testing.T) {
 		t.Errorf("reported:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+var (
+	// A link's target, without its anchor.
+	linkTargetRE = regexp.MustCompile(`\]\(([^)#\s]+)(?:#[^)\s]*)?\)`)
+	// A file name in inline code: a results file cited by name.
+	codeFileRE = regexp.MustCompile("`([A-Za-z0-9_./-]+\\.(?:json|md|png))`")
+)
+
+// citedResults returns the results files doc (its path relative to the
+// repository root) cites, relative to the root: link targets under a
+// results/ directory, and results files named in inline code, by path
+// (bench/results/latest.json) or by bare name (latest-notes.md, looked
+// for in every results directory: "results/*/NAME"). Fresh copies under
+// _output/ and patterns (NAME.md, docs/*.md) are not files.
+func citedResults(doc, text string) []string {
+	var out []string
+	for _, m := range linkTargetRE.FindAllStringSubmatch(text, -1) {
+		if target := m[1]; strings.Contains(target, "results/") && !strings.Contains(target, "://") {
+			out = append(out, filepath.Join(filepath.Dir(doc), target))
+		}
+	}
+	for _, m := range codeFileRE.FindAllStringSubmatch(text, -1) {
+		name := m[1]
+		switch {
+		case strings.HasPrefix(name, "_output/") || strings.Contains(name, "NAME"):
+		case strings.Contains(name, "/"):
+			out = append(out, name)
+		default:
+			out = append(out, "results/*/"+name)
+		}
+	}
+	return out
+}
+
+// TestDocResultsFilesExist fails when README.md or docs/*.md cites a
+// results file that the repository does not hold (docs/benchmarks.md once
+// cited some twenty notes files removed with issue 29).
+func TestDocResultsFilesExist(t *testing.T) {
+	root := repoRoot(t)
+	tracked := map[string]bool{}
+	byName := map[string]bool{}
+	for _, path := range splitZ(git(t, root, "ls-files", "-z")) {
+		tracked[path] = true
+		if strings.Contains(path, "results/") {
+			byName[filepath.Base(path)] = true
+		}
+	}
+	checked := 0
+	for _, pattern := range figureDocs {
+		matches, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range matches {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc, _ := filepath.Rel(root, path)
+			for _, cited := range citedResults(doc, string(data)) {
+				checked++
+				ok := tracked[filepath.Clean(cited)]
+				if name, bare := strings.CutPrefix(cited, "results/*/"); bare {
+					ok = byName[name]
+				}
+				if !ok {
+					t.Errorf("%s cites %s, which the repository does not hold: cite a committed results file, or drop the citation", doc, cited)
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("found only %d citations of results files: the extraction checks nothing", checked)
+	}
+	t.Logf("checked %d citations of results files", checked)
+}
+
+// TestCitedResults: links under results/ resolve from the document's
+// directory, inline file names by path or bare name; patterns and fresh
+// copies are left out.
+func TestCitedResults(t *testing.T) {
+	text := "See [x](../bench/results/a.md#s), [y](design.md), `b-notes.md`, `integration/results/c.json`, " +
+		"`_output/results/d.json`, `bench/results/NAME.md`, [z](https://e/results/f.md).\n"
+	got := citedResults("docs/benchmarks.md", text)
+	want := []string{"bench/results/a.md", "results/*/b-notes.md", "integration/results/c.json"}
+	if !slices.Equal(got, want) {
+		t.Errorf("cited %q, want %q", got, want)
+	}
+}
