@@ -140,13 +140,17 @@ func ReadmeHeadline(res *Results) string {
 
 // runLabel names the run res is, as the headline introduces it.
 func runLabel(res *Results) string {
+	label := fmt.Sprintf("Run `%s`", res.Config.Name)
 	switch res.Config.Name {
 	case Headline().Name:
-		return "`make bench` (`bench/results/headline.json`)"
+		label = "`make bench` (`bench/results/headline.json`)"
 	case Full().Name:
-		return "`make bench-full` (`bench/results/latest.json`)"
+		label = "`make bench-full` (`bench/results/latest.json`)"
 	}
-	return fmt.Sprintf("Run `%s`", res.Config.Name)
+	if c := res.Commit(); c != "" {
+		label += fmt.Sprintf(" at `%s`", c)
+	}
+	return label
 }
 
 // ReadmeTables renders docs/benchmarks.md's tables of res: the run,

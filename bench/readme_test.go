@@ -203,3 +203,29 @@ func TestBenchREADMECurrent(t *testing.T) {
 		t.Errorf("blocks found in %v; want the headline in the README and the tables in docs/benchmarks.md", blocks)
 	}
 }
+
+// TestRunCommit: a run names the checkout it ran from when every part
+// recorded the same one, in the headline and the report; the benchmark
+// records it from git in this checkout.
+func TestRunCommit(t *testing.T) {
+	res := &Results{Config: Headline(), Started: time.Unix(0, 0), Machine: Machine{CPU: "cpu", Cores: 2}}
+	res.Parts = []Part{{Commit: "abc123"}, {Commit: "abc123"}}
+	if got := res.Commit(); got != "abc123" {
+		t.Errorf("Commit() = %q, want abc123", got)
+	}
+	if got := runLabel(res); got != "`make bench` (`bench/results/headline.json`) at `abc123`" {
+		t.Errorf("the headline introduces the run as %q", got)
+	}
+	if md := Markdown(res, nil, ""); !strings.Contains(md, "from the checkout at `abc123`") {
+		t.Errorf("report does not name the commit:\n%.300s", md)
+	}
+	for _, parts := range [][]Part{nil, {{Commit: "abc123"}, {}}, {{Commit: "abc123"}, {Commit: "def456"}}} {
+		res.Parts = parts
+		if got := res.Commit(); got != "" {
+			t.Errorf("Commit() of parts %+v = %q, want none", parts, got)
+		}
+	}
+	if c := sourceCommit(); len(c) < 7 {
+		t.Errorf("sourceCommit() = %q in a git checkout", c)
+	}
+}
