@@ -71,13 +71,14 @@ bench-ab: tools
 	cd bench && $(GO) run ./cmd/bench -a $(AB_REF) -b $(B_REF) -pairs $(AB_PAIRS)
 
 # Regenerates the README's benchmark headline (between the bench-headline
-# markers) and docs/benchmarks.md's tables (bench-tables) from
-# bench/results/latest.json; no root or tools needed. bench's
-# TestBenchREADMECurrent fails while they are stale.
+# markers) from bench/results/headline.json (make bench, the current
+# code's run) and docs/benchmarks.md's tables (bench-tables, bench-density)
+# from bench/results/latest.json (make bench-full), each with
+# bench/results/density.json's pod rows where the run has none; no root or
+# tools needed. bench's TestBenchREADMECurrent fails while they are stale.
 bench-readme:
-	cd bench && for doc in ../README.md ../docs/benchmarks.md; do \
-		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -readme $$doc || exit 1; \
-	done
+	cd bench && $(GO) run ./cmd/bench -render results/headline.json -density-results results/density.json -readme ../README.md && \
+		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -readme ../docs/benchmarks.md
 
 # Every module for the host's architecture and for arm64 (one code path on
 # both), and the daemon built for arm64 (static: no cgo anywhere).
@@ -94,7 +95,7 @@ vet:
 # (between their BEGIN/END markers) from the committed results files:
 # integration/results/mount-syscalls.json (integration's TestMountgroup),
 # integration/results/compat.json (integration/compat) and
-# integration/k8s/results/latest.json (integration/k8s).
+# integration/k8s/results/latest.json and rollout.json (integration/k8s).
 # integration/cmd/readme-tables's test fails while a document is stale.
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -174,4 +175,28 @@ func countProcesses(prefix string) int {
 		}
 	}
 	return n
+}
+
+// sourceCommit describes the checkout the benchmark runs in (git describe
+// --always --dirty), or "" when git cannot: the results then say which
+// code they measured.
+func sourceCommit() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty", "--abbrev=12").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// Commit returns the checkout every part of the run ran from, or "" when
+// a part did not record one or the parts ran from different checkouts.
+func (r *Results) Commit() string {
+	commit := ""
+	for i, p := range r.Parts {
+		if p.Commit == "" || i > 0 && p.Commit != commit {
+			return ""
+		}
+		commit = p.Commit
+	}
+	return commit
 }

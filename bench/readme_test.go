@@ -131,7 +131,7 @@ func TestUpdateReadmeHeadline(t *testing.T) {
 	}
 	got := string(out)
 	for _, want := range []string{
-		"Latest full run: 1970-01-01, cpu, 2 cores, ext4, 3 interleaved pairs per ratio.",
+		"Run `quick`: 1970-01-01, cpu, 2 cores, ext4, 3 interleaved pairs per ratio.",
 		"| | containerd v2.4.2 | containerd v2.0.5 |\n|---|---|---|\n",
 		"| burst of 30 user-namespaced containers, 50 layers, a mapping each: time until all run | 0.75× [0.75–0.75] | 0.75× [0.75–0.75] |\n",
 		"| pull of a 50-layer image (`ctr images pull`, sequential unpack) | 0.25× [0.25–0.25] | 0.25× [0.25–0.25] |\n",
@@ -149,31 +149,38 @@ func TestUpdateReadmeHeadline(t *testing.T) {
 	}
 }
 
-// TestBenchREADMECurrent fails while the README's headline or
-// docs/benchmarks.md's tables differ from what bench/results/latest.json
-// gives (`make bench-readme` rewrites them); each block is in one of them.
+// TestBenchREADMECurrent fails while the README's headline differs from
+// what bench/results/headline.json (make bench) gives, or
+// docs/benchmarks.md's tables from what bench/results/latest.json (make
+// bench-full) gives, each with density.json's pod rows where the run has
+// none (`make bench-readme` rewrites them); each block is in one of them.
 func TestBenchREADMECurrent(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("results", "latest.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := &Results{}
-	if err := json.Unmarshal(data, res); err != nil {
-		t.Fatal(err)
-	}
-	// make bench-readme shows a make bench-density run's scenario 7 where
-	// the latest full run has none.
-	if data, err := os.ReadFile(filepath.Join("results", "density.json")); err == nil {
-		d := &Results{}
-		if err := json.Unmarshal(data, d); err != nil {
+	read := func(name string) *Results {
+		data, err := os.ReadFile(filepath.Join("results", name))
+		if err != nil {
 			t.Fatal(err)
 		}
-		res.MergeDensity(d)
+		res := &Results{}
+		if err := json.Unmarshal(data, res); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return res
+	}
+	// make bench-readme shows a make bench-density run's scenario 7 where
+	// the rendered run has none.
+	var density *Results
+	if _, err := os.Stat(filepath.Join("results", "density.json")); err == nil {
+		density = read("density.json")
 	} else if !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
+	readme, benchmarks := filepath.Join("..", "README.md"), filepath.Join("..", "docs", "benchmarks.md")
 	blocks := map[string]string{}
-	for _, doc := range []string{filepath.Join("..", "README.md"), filepath.Join("..", "docs", "benchmarks.md")} {
+	for doc, from := range map[string]string{readme: "headline.json", benchmarks: "latest.json"} {
+		res := read(from)
+		if density != nil {
+			res.MergeDensity(density)
+		}
 		old, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
@@ -189,10 +196,36 @@ func TestBenchREADMECurrent(t *testing.T) {
 			continue
 		}
 		if string(updated) != string(old) {
-			t.Errorf("%s differs from bench/results/latest.json: run `make bench-readme`", doc)
+			t.Errorf("%s differs from bench/results/%s: run `make bench-readme`", doc, from)
 		}
 	}
-	if blocks[HeadlineBegin] != filepath.Join("..", "README.md") || blocks[ReadmeBegin] != filepath.Join("..", "docs", "benchmarks.md") || blocks[DensityBegin] != filepath.Join("..", "docs", "benchmarks.md") {
+	if blocks[HeadlineBegin] != readme || blocks[ReadmeBegin] != benchmarks || blocks[DensityBegin] != benchmarks {
 		t.Errorf("blocks found in %v; want the headline in the README and the tables in docs/benchmarks.md", blocks)
+	}
+}
+
+// TestRunCommit: a run names the checkout it ran from when every part
+// recorded the same one, in the headline and the report; the benchmark
+// records it from git in this checkout.
+func TestRunCommit(t *testing.T) {
+	res := &Results{Config: Headline(), Started: time.Unix(0, 0), Machine: Machine{CPU: "cpu", Cores: 2}}
+	res.Parts = []Part{{Commit: "abc123"}, {Commit: "abc123"}}
+	if got := res.Commit(); got != "abc123" {
+		t.Errorf("Commit() = %q, want abc123", got)
+	}
+	if got := runLabel(res); got != "`make bench` (`bench/results/headline.json`) at `abc123`" {
+		t.Errorf("the headline introduces the run as %q", got)
+	}
+	if md := Markdown(res, nil, ""); !strings.Contains(md, "from the checkout at `abc123`") {
+		t.Errorf("report does not name the commit:\n%.300s", md)
+	}
+	for _, parts := range [][]Part{nil, {{Commit: "abc123"}, {}}, {{Commit: "abc123"}, {Commit: "def456"}}} {
+		res.Parts = parts
+		if got := res.Commit(); got != "" {
+			t.Errorf("Commit() of parts %+v = %q, want none", parts, got)
+		}
+	}
+	if c := sourceCommit(); len(c) < 7 {
+		t.Errorf("sourceCommit() = %q in a git checkout", c)
 	}
 }

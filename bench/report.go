@@ -31,11 +31,11 @@ func Markdown(res *Results, charts []string, notes string) string {
 		for _, w := range cfg.Density {
 			ws = append(ws, fmt.Sprintf("%s: %d", w, w.Reps))
 		}
-		fmt.Fprintf(&b, "Run of %s, %s, repetitions per workload (%s), contenders interleaved (rotated each repetition). ",
-			res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), strings.Join(ws, "; "))
+		fmt.Fprintf(&b, "Run of %s%s, %s, repetitions per workload (%s), contenders interleaved (rotated each repetition). ",
+			res.Started.UTC().Format("2006-01-02 15:04 MST"), commitText(res), durationText(res), strings.Join(ws, "; "))
 	} else {
-		fmt.Fprintf(&b, "Run of %s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
-			res.Started.UTC().Format("2006-01-02 15:04 MST"), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
+		fmt.Fprintf(&b, "Run of %s%s, %s, %d repetitions per comparison (pulls: %d, bursts: %d), contenders interleaved (rotated each repetition). ",
+			res.Started.UTC().Format("2006-01-02 15:04 MST"), commitText(res), durationText(res), cfg.Reps, pullReps(res), cfg.burstReps())
 	}
 	b.WriteString("Cells are `median (min–max)` over the repetitions. **Absolute times are machine-dependent**; the ratios are the result.\n\n")
 	b.WriteString(partsLine(res))
@@ -639,4 +639,13 @@ func writeImports(b *strings.Builder, res *Results) {
 		}
 	}
 	b.WriteString("\n")
+}
+
+// commitText is " from the checkout at `C`" when the run recorded the one
+// it ran from (runs before it did not).
+func commitText(res *Results) string {
+	if c := res.Commit(); c != "" {
+		return fmt.Sprintf(" from the checkout at `%s`", c)
+	}
+	return ""
 }

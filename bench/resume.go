@@ -24,6 +24,10 @@ type Part struct {
 	Started  time.Time
 	Duration time.Duration
 	Machine  Machine
+	// Commit is the checkout the part ran from and built
+	// grouped-snapshotter from (git describe --always --dirty; "-dirty"
+	// when it had uncommitted changes), empty when git could not say.
+	Commit string `json:",omitempty"`
 	// Done are the units this part finished.
 	Done []string
 }

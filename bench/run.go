@@ -80,7 +80,7 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	part := Part{Started: time.Now(), Machine: describeMachine()}
+	part := Part{Started: time.Now(), Machine: describeMachine(), Commit: sourceCommit()}
 	res = &Results{Config: cfg, Started: part.Started, Machine: part.Machine}
 	if prev != nil {
 		if err := res.keepDone(prev); err != nil {

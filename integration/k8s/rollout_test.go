@@ -39,8 +39,9 @@ const (
 	interruptedNS     = "gs-interrupted"
 	interruptedLayers = 200
 	// RolloutFile holds what the DaemonSet's switches of CRI's snapshotter
-	// took (under results.OutputDir; not committed).
-	RolloutFile = "integration/k8s/results/rollout.json"
+	// took (the fresh copy under results.OutputDir; the committed one is
+	// the README's rollout section).
+	RolloutFile = results.RolloutFile
 )
 
 // buildBigImage pushes name:big: the harness's busybox layer, then
@@ -437,46 +438,13 @@ func refusals(t *testing.T, env *harness.Env, n node, rs *restarter, bin string)
 // moveLine is the summary line `grouped-snapshotter import|export` prints.
 var moveLine = regexp.MustCompile(`^(import|export) from (\S+) to (\S+): (\d+) images(?: under \d+ names)?, (\d+) layers made \(.*\), (\d+) already there; (.+) linked, (.+) copied; (\d+) files, (\d+) directories; (\S+)$`)
 
-// Move is one switch of CRI's snapshotter by the DaemonSet, as its log
-// and the node's containerd restarts tell it.
-type Move struct {
-	Direction string `json:"direction"` // import or export
-	From      string `json:"from"`
-	To        string `json:"to"`
-	// Bulk is the move while CRI kept serving; CatchUp the one with CRI
-	// off (what kubelet pulled meanwhile).
-	Bulk    MoveRun `json:"bulk"`
-	CatchUp MoveRun `json:"catch_up"`
-	// CRIOffSeconds is from the restart that turned CRI off to the end of
-	// the one that turned it on again.
-	CRIOffSeconds float64 `json:"cri_off_seconds"`
-	// SecondsPerGiB and SecondsPerImage are the bulk move's time per GiB
-	// of files moved (linked or copied) and per image.
-	SecondsPerGiB   float64 `json:"seconds_per_gib"`
-	SecondsPerImage float64 `json:"seconds_per_image"`
-}
-
-// MoveRun is one run of import or export.
-type MoveRun struct {
-	Images        int     `json:"images"`
-	Layers        int     `json:"layers"`
-	LayersPresent int     `json:"layers_present"`
-	BytesLinked   int64   `json:"bytes_linked"`
-	BytesCopied   int64   `json:"bytes_copied"`
-	Files         int     `json:"files"`
-	Directories   int     `json:"directories"`
-	Seconds       float64 `json:"seconds"`
-}
-
-// Rollout is RolloutFile.
-type Rollout struct {
-	Kubernetes string `json:"kubernetes"`
-	Containerd string `json:"containerd"`
-	// Filesystems says how the moves went: grouped-snapshotter's root is
-	// on a filesystem of its own here, so layers are copied, not linked.
-	Filesystems string `json:"filesystems"`
-	Moves       []Move `json:"moves"`
-}
+// The rollout's figures are the results package's types, which render
+// the README's rollout section from the committed file.
+type (
+	Rollout = results.Rollout
+	Move    = results.Move
+	MoveRun = results.MoveRun
+)
 
 func parseBytes(s string) (int64, error) {
 	if v, ok := strings.CutSuffix(s, " B"); ok {

@@ -246,7 +246,7 @@ func TestOutputsIgnored(t *testing.T) {
 		"snapshot/snapshot.test",
 		".tools/bin/containerd",
 	}
-	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.ConformanceFile} {
+	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.ConformanceFile} {
 		paths = append(paths, filepath.Join(results.OutputDir, f))
 	}
 	// check-ignore exits 1 when no path is ignored: that is a finding
@@ -268,7 +268,7 @@ func TestOutputsIgnored(t *testing.T) {
 		}
 	}
 	// The committed results files themselves stay tracked.
-	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.ConformanceFile} {
+	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.ConformanceFile} {
 		git(t, root, "ls-files", "--error-unmatch", "--", f)
 	}
 }

@@ -6,7 +6,8 @@
 // the same path under OutputDir, the ignored _output/results at the
 // repository root (integration.TestMountgroup writes
 // _output/results/integration/results/mount-syscalls.json,
-// k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json,
+// k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json
+// and rollout.json,
 // compat.TestCompat _output/results/integration/results/compat.json, the
 // conformance tests _output/results/integration/conformance/results/latest.md).
 // When a person decides to update the committed figures, `make
@@ -221,6 +222,9 @@ func RenderMountSyscalls(m MountSyscalls) (string, error) {
 		}
 		b.WriteString("\n")
 	}
+	if text := runcText(rows); text != "" {
+		b.WriteString("\n" + wrap(text, 75) + "\n")
+	}
 	// Releases whose first starts made the same calls share a clause.
 	byCalls := map[string][]string{}
 	for _, v := range slices.Sorted(mapsKeys(m.FirstStart)) {
@@ -237,6 +241,46 @@ func RenderMountSyscalls(m MountSyscalls) (string, error) {
 		b.WriteString("\n" + wrap(text, 75) + "\n")
 	}
 	return b.String(), nil
+}
+
+// runcText says what runc made itself per user-namespaced start, by
+// release, which the table leaves out.
+func runcText(rows []MountSyscallRow) string {
+	byRelease := map[string][]int{}
+	var releases []string
+	for _, r := range rows {
+		if !slices.Contains(releases, r.Containerd) {
+			releases = append(releases, r.Containerd)
+		}
+		for _, c := range r.Cells {
+			if !c.Failed && c.Runc > 0 && !slices.Contains(byRelease[r.Containerd], c.Runc) {
+				byRelease[r.Containerd] = append(byRelease[r.Containerd], c.Runc)
+			}
+		}
+	}
+	var parts []string
+	same := true
+	for _, v := range releases {
+		counts := byRelease[v]
+		if len(counts) == 0 {
+			continue
+		}
+		slices.Sort(counts)
+		n := strconv.Itoa(counts[0])
+		if len(counts) > 1 {
+			n = fmt.Sprintf("%d to %d", counts[0], counts[len(counts)-1])
+			same = false
+		}
+		parts = append(parts, fmt.Sprintf("%s on %s", n, v))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	text := "Not counted above: runc's own mount-family syscalls per start, " + listing(parts)
+	if same {
+		text += ", the same in every row of a release and at every layer count"
+	}
+	return text + "."
 }
 
 // RenderPodStarts renders the README's paragraph on pod starts measured on
@@ -420,7 +464,11 @@ func Sections(root string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", CompatFile, err)
 	}
-	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat}, nil
+	rollout, err := readRollout(root)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout}, nil
 }
 
 // RenderREADME returns readme with every generated section replaced.

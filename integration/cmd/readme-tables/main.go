@@ -3,8 +3,9 @@
 // docs/benchmarks.md from the committed results files the integration
 // tests produce: the mount-syscall table from
 // integration/results/mount-syscalls.json, the Kubernetes pod-start
-// figures from integration/k8s/results/latest.json and the compatibility
-// matrix from integration/results/compat.json. Each section lives in
+// figures from integration/k8s/results/latest.json, the rollout's import
+// and export times from integration/k8s/results/rollout.json and the
+// compatibility matrix from integration/results/compat.json. Each section lives in
 // exactly one of those documents. Run it from the repository root (`make
 // readme-tables`); -check only reports whether the documents are current.
 package main
