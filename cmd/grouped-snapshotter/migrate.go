@@ -111,9 +111,9 @@ func newProgressPrinter(stderr *os.File, stdout io.Writer) *progressPrinter {
 }
 
 func (p *progressPrinter) update(pr migrate.Progress) {
-	if pr.ImageCompleted {
+	if pr.Done {
 		p.clear()
-		fmt.Fprintf(p.lines, "[%d/%d] %s: %d layers, %d already there, %d made\n", pr.Index, pr.Images, pr.Image, pr.Layers, pr.LayersPresent, pr.Made)
+		fmt.Fprintf(p.lines, "[%d/%d] %s: %d layers, %d already there, %d made\n", pr.Index, pr.Images, pr.Image, pr.Layers, pr.Layers-pr.Made, pr.Made)
 		return
 	}
 	if p.term == nil || time.Since(p.lastDrawn) < 100*time.Millisecond && pr.Layer != pr.Layers {
@@ -125,8 +125,7 @@ func (p *progressPrinter) update(pr migrate.Progress) {
 	}
 	status := fmt.Sprintf("[%d/%d] %s: planning", pr.Index, pr.Images, pr.Image)
 	if pr.Layer > 0 {
-		status = fmt.Sprintf("[%d/%d] %s: %s layer %d/%d (%s so far)", pr.Index, pr.Images, pr.Image, how, pr.Layer, pr.Layers,
-			humanBytes(pr.Stats.BytesLinked+pr.Stats.BytesCopied))
+		status = fmt.Sprintf("[%d/%d] %s: %s layer %d/%d (%s so far)", pr.Index, pr.Images, pr.Image, how, pr.Layer, pr.Layers, humanBytes(pr.Bytes))
 	}
 	fmt.Fprintf(p.term, "\r\x1b[K%s", status)
 	p.drawn, p.lastDrawn = true, time.Now()
@@ -151,7 +150,7 @@ func printSummary(w io.Writer, verb string, s migrate.Summary) {
 	}
 	if s.DryRun {
 		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %s, %d layers already there; %s\n",
-			verb, s.From, s.To, s.Layers, humanBytes(s.BytesToLink), humanBytes(s.BytesToCopy), images, s.LayersPresent, s.Duration.Round(time.Millisecond))
+			verb, s.From, s.To, s.Layers, humanBytes(s.BytesLinked), humanBytes(s.BytesCopied), images, s.LayersPresent, s.Duration.Round(time.Millisecond))
 		return
 	}
 	if s.StaleRemoved > 0 {
@@ -162,7 +161,6 @@ func printSummary(w io.Writer, verb string, s migrate.Summary) {
 		how = "COPIED where the roots are on different filesystems, linked elsewhere"
 	}
 	fmt.Fprintf(w, "%s from %s to %s: %s, %d layers made (%s), %d already there; %s linked, %s copied; %d files, %d directories; %s\n",
-		verb, s.From, s.To, images, s.Layers, how, s.LayersPresent,
-		humanBytes(s.Stats.BytesLinked), humanBytes(s.Stats.BytesCopied),
-		s.Stats.Links+s.Stats.Copies, s.Stats.Dirs, s.Duration.Round(time.Millisecond))
+		verb, s.From, s.To, images, s.Layers, how, s.LayersPresent, humanBytes(s.BytesLinked), humanBytes(s.BytesCopied),
+		s.Files, s.Dirs, s.Duration.Round(time.Millisecond))
 }
