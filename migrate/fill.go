@@ -13,85 +13,63 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// FillStats counts what one fill made.
-type FillStats struct {
-	// Files are the non-directories, Dirs the directories (the layer's
-	// root not counted), Bytes the sizes of the regular files.
-	Files, Dirs, Bytes int64
-}
-
-// Fill makes dst, an empty directory, hold the tree of the committed layer
-// directory src in overlayfs's on-disk format: whiteouts (0/0 character
-// devices), trusted.overlay.* xattrs (opaque among them), hard links inside
-// the layer, owners, modes and times. With link set (one filesystem) every
-// non-directory is hard-linked, so the two layers share its inode;
-// otherwise everything is copied (continuity's CopyDir). Directories are
-// always made anew: nothing that names entries is shared.
-func Fill(ctx context.Context, src, dst string, link bool) (FillStats, error) {
-	var st FillStats
-	if fi, err := os.Lstat(src); err != nil {
-		return st, fmt.Errorf("layer directory %s: %w", src, err)
-	} else if !fi.IsDir() {
-		return st, fmt.Errorf("layer %s is not a directory: %w", src, errdefs.ErrFailedPrecondition)
-	}
-	if entries, err := os.ReadDir(dst); err != nil {
-		return st, fmt.Errorf("snapshot directory %s: %w", dst, err)
-	} else if len(entries) > 0 {
-		return st, fmt.Errorf("snapshot directory %s is not empty (%d entries): %w", dst, len(entries), errdefs.ErrFailedPrecondition)
-	}
+// fill makes the empty directory dst hold the committed layer directory
+// src in overlayfs's on-disk format: whiteouts (0/0 character devices),
+// trusted.overlay.* xattrs (opaque among them), hard links inside the
+// layer, owners, modes and times; and counts what it made in sum. With link
+// set (one filesystem) every non-directory is hard-linked, so that both
+// layers share its inode; otherwise continuity's CopyDir copies it.
+// Directories are always made anew: nothing that names entries is shared.
+func fill(ctx context.Context, src, dst string, link bool, sum *Summary) error {
 	if !link {
+		sum.Copied = true
 		if err := fs.CopyDir(dst, src); err != nil {
-			return st, fmt.Errorf("copy layer %s to %s: %w", src, dst, err)
+			return fmt.Errorf("copy layer %s to %s: %w", src, dst, err)
 		}
 	}
 	var dirs []string
 	err := filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
+		if err == nil {
+			err = ctx.Err()
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, path)
-		if err != nil {
-			return err
-		}
-		target := filepath.Join(dst, rel)
+		rel, _ := filepath.Rel(src, path)
 		switch {
+		case err != nil:
+			return err
 		case d.IsDir():
-			dirs = append(dirs, rel)
-			if rel == "." {
+			if dirs = append(dirs, rel); rel == "." {
+				return nil
+			} else if sum.Dirs++; !link {
 				return nil
 			}
-			st.Dirs++
-			if link {
-				return os.Mkdir(target, 0o700)
-			}
-			return nil
+			return os.Mkdir(filepath.Join(dst, rel), 0o700)
 		case d.Type().IsRegular():
 			info, err := d.Info()
 			if err != nil {
 				return err
+			} else if link {
+				sum.BytesLinked += info.Size()
+			} else {
+				sum.BytesCopied += info.Size()
 			}
-			st.Bytes += info.Size()
 		}
-		st.Files++
+		sum.Files++
 		if link {
-			return os.Link(path, target)
+			return os.Link(path, filepath.Join(dst, rel))
 		}
 		return nil
 	})
 	if err != nil {
-		return st, fmt.Errorf("fill %s from %s: %w", dst, src, err)
+		return fmt.Errorf("fill %s from %s: %w", dst, src, err)
 	}
-	// Directories last, once their entries are made: the copy sets a
-	// directory's times before it fills it.
+	// Directories last, once their entries are made (CopyDir sets a
+	// directory's times before it fills it).
 	for _, rel := range dirs {
 		if err := copyDirMetadata(filepath.Join(src, rel), filepath.Join(dst, rel)); err != nil {
-			return st, err
+			return err
 		}
 	}
-	return st, nil
+	return nil
 }
 
 // copyDirMetadata gives the directory dst src's owner, mode, xattrs and
@@ -114,15 +92,75 @@ func copyDirMetadata(src, dst string) error {
 	}
 	for _, name := range names {
 		v, err := sysx.LGetxattr(src, name)
-		if err != nil {
-			return fmt.Errorf("get xattr %s of %s: %w", name, src, err)
+		if err == nil {
+			err = sysx.LSetxattr(dst, name, v, 0)
 		}
-		if err := sysx.LSetxattr(dst, name, v, 0); err != nil {
-			return fmt.Errorf("set xattr %s on %s: %w", name, dst, err)
+		if err != nil {
+			return fmt.Errorf("copy xattr %s of %s to %s: %w", name, src, dst, err)
 		}
 	}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times of %s: %w", dst, err)
 	}
 	return nil
+}
+
+// roomMargin is kept free on the destination's filesystem when copying.
+const roomMargin = 64 << 20
+
+// checkRoom refuses layers to copy (their source on another filesystem than
+// dest) that would not fit dest's filesystem with roomMargin to spare. A
+// dry run counts the bytes each way.
+func (r *run) checkRoom(ctx context.Context, todo []*layer, dest string) error {
+	var links, copies []string
+	for _, l := range todo {
+		link, err := sameFilesystem(l.src, dest)
+		if err != nil {
+			return err
+		} else if link {
+			links = append(links, l.src)
+		} else {
+			copies = append(copies, l.src)
+		}
+	}
+	need, err := fs.DiskUsage(ctx, copies...)
+	if err != nil {
+		return fmt.Errorf("measure the layers to copy: %w", err)
+	}
+	if r.opts.DryRun {
+		linked, err := fs.DiskUsage(ctx, links...)
+		if err != nil {
+			return fmt.Errorf("measure the layers to link: %w", err)
+		}
+		r.sum.BytesLinked, r.sum.BytesCopied, r.sum.Copied = linked.Size, need.Size, len(copies) > 0
+	}
+	if len(copies) == 0 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dest, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dest, err)
+	}
+	free := int64(st.Bavail) * st.Bsize //nolint:gosec // block counts fit int64
+	if need.Size+roomMargin > free {
+		return fmt.Errorf("no room to copy %d layers: they need %d bytes (+%d spare) and %s has %d free; free some space or put both roots on one filesystem (then layers are hard-linked): %w",
+			len(copies), need.Size, roomMargin, dest, free, errdefs.ErrResourceExhausted)
+	}
+	if st.Files > 0 && int64(st.Ffree) < need.Inodes { //nolint:gosec // inode counts fit int64
+		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", len(copies), need.Inodes, dest, st.Ffree, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// sameFilesystem reports whether a and b are on one filesystem, where
+// layers are hard-linked rather than copied.
+func sameFilesystem(a, b string) (bool, error) {
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		return false, fmt.Errorf("stat %s: %w (run this on the node, in containerd's mount namespace)", a, err)
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		return false, fmt.Errorf("stat %s: %w", b, err)
+	}
+	return sa.Dev == sb.Dev, nil
 }

@@ -1,36 +1,25 @@
 // Package migrate moves a node's unpacked images between two of
-// containerd's snapshotters without pulling them again: import (from
-// containerd's overlayfs into grouped) and export (back) are the same
-// operation with the two names swapped.
+// containerd's snapshotters without pulling them again: import (overlayfs
+// to grouped) and export (back) are one operation with the names swapped.
 //
-// Both snapshotters keep a committed layer as a plain directory in
-// overlayfs's on-disk format, so a layer moves as a directory. For each
-// layer of an image's chain that the destination lacks, Run goes through
-// containerd's snapshot API, so that containerd's metadata knows the new
-// snapshot: it prepares an active snapshot keyed "gs-migrate-<chain ID>" on
-// the layer's parent, fills it from the source's committed directory (see
-// Fill) and commits it under the chain ID with the labels containerd's
-// unpacker sets (core/unpack). Then, as the unpacker does, it labels the
-// image config containerd.io/gc.ref.snapshot.<destination>: the image counts
-// as unpacked there and garbage collection keeps its layers.
+// Both keep a committed layer as a plain directory in overlayfs's format,
+// so a layer moves as a directory, through containerd's snapshot API so
+// that containerd's metadata knows it: Prepare "gs-migrate-<chain ID>" on
+// its parent, fill it from the source's directory, Commit it under the
+// chain ID with the unpacker's labels (core/unpack). The image config's
+// label containerd.io/gc.ref.snapshot.<destination> then makes the image
+// count as unpacked there and keeps its layers from garbage collection.
 //
-// Every image is planned before anything is made, and a run refuses before
-// making anything when one cannot move (only partly unpacked in the source,
-// a mount on a source layer) or when copies would not fit. A dry run plans
-// and stops there.
-//
-// A run holds a containerd lease of a fixed name, so that no collection
-// takes committed layers before the config label points at them. A run that
-// fails or dies leaves at most uncommitted "gs-migrate-" snapshots and the
-// lease: the next run removes the snapshots, skips the committed layers and
-// ends the lease. Reruns are idempotent, so whether to go on after a failure
-// is the caller's choice. Nothing half made is committed: a Commit is atomic.
+// Every image is planned before anything is made; a dry run stops there.
+// A run holds a lease so that no collection takes committed layers before
+// the config label names them. A failed run leaves at most uncommitted
+// snapshots and the lease, which the next run removes before it finishes
+// the work: reruns are idempotent, and going on after a failure is the
+// caller's choice.
 package migrate
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -39,155 +28,94 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/containerd/platforms"
-	"golang.org/x/sys/unix"
 )
 
 const (
 	// ActivePrefix starts the keys of the snapshots a run creates: the
 	// active snapshots it fills and the views it reads layer paths from.
-	ActivePrefix = "gs-migrate-"
-	// leasePrefix starts the lease a run holds ("<prefix><destination>").
-	leasePrefix = "grouped-snapshotter-migrate-"
-	// leaseExpiry bounds how long a dead run's lease keeps its layers.
-	leaseExpiry = 24 * time.Hour
-	// answerTimeout bounds containerd's first answer.
+	ActivePrefix  = "gs-migrate-"
+	leasePrefix   = "grouped-snapshotter-migrate-" // + the destination
+	leaseExpiry   = 24 * time.Hour                 // a dead run's lease
 	answerTimeout = 10 * time.Second
 )
 
 // Options configure Run.
 type Options struct {
-	// Namespace is the containerd namespace whose images move.
 	Namespace string
-	// Images are image references; empty means every image of Namespace.
-	// A named image that cannot move is an error; with every image, one
-	// that is not unpacked in From is skipped and reported.
-	Images []string
-	// From and To are the snapshotters' names in containerd.
+	// Images are references; none means every image of Namespace, and
+	// then one not unpacked in From is skipped rather than refused.
+	Images   []string
 	From, To string
-	// Platform selects each image's manifest; nil is the host's.
-	Platform platforms.MatchComparer
-	// LockFile serialises runs against the same containerd namespace.
-	LockFile string
-	// Progress, if set, is called as layers are made.
-	Progress func(Progress)
-	// DryRun plans every image, checks that copies would fit and stops:
-	// nothing is made, removed or labelled, and the Summary counts what a
-	// run would make. To need not be loaded in containerd yet (a node
-	// before its install): then every layer counts as missing.
+	Platform platforms.MatchComparer // nil: the host's
+	// Progress is called as each image is complete in To.
+	Progress func(image string, index, images, layers, made int)
+	// DryRun plans, checks the room for copies and stops. To need not be
+	// loaded in containerd yet: then every layer counts as missing.
 	DryRun bool
-	// DestinationRoot is the destination snapshotter's root directory,
-	// whose filesystem the room for copies is checked on (the nearest
-	// existing parent when it does not exist yet). Empty: the root
-	// containerd's introspection service reports for To (a proxy plugin's
-	// exports.root).
+	// DestinationRoot is where the room for copies is checked (its
+	// nearest existing parent); empty: the root containerd exports for To.
 	DestinationRoot string
 }
 
-// Progress reports where a run is.
-type Progress struct {
-	Image         string
-	Index, Images int // Index counts from 1
-	Layer, Layers int // Layer counts from 1; 0 before the first layer
-	Copying       bool
-	Bytes         int64 // moved so far in the whole run
-	// Done is set once the image is complete; Made of its layers were made
-	// by this run.
-	Done bool
-	Made int
-}
-
-// Summary is what a run did, or for a dry run would do.
+// Summary is what a run did, or a dry run would do: the images moved or
+// already complete (each once, whatever its names among Names) and those
+// skipped with why; the layers made and those already in To; whether some
+// were copied (two filesystems) rather than linked, the entries made and
+// the bytes by how they moved (a dry run: disk usage, by how they would);
+// and the snapshots of an interrupted run removed.
 type Summary struct {
-	From, To string
-	DryRun   bool
-	// Images moved or already complete in To, each counted once; Names
-	// counts the image names selected (several per image with CRI).
-	Images, Names int
-	// Skipped are the images left alone, with why.
-	Skipped []Skipped
-	// Layers made; LayersPresent were already in To (each counted once).
-	Layers, LayersPresent int
-	// Copied is set when some layer was copied (From and To on different
-	// filesystems) rather than linked.
-	Copied bool
-	// Files and Dirs are the entries made (a layer's root not counted);
-	// BytesLinked and BytesCopied the bytes of the layers, by how they
-	// moved (a dry run: their disk usage, by how they would move).
-	Files, Dirs              int64
-	BytesLinked, BytesCopied int64
-	// StaleRemoved counts the snapshots of an interrupted run removed.
-	StaleRemoved int
-	Duration     time.Duration
-}
-
-// Skipped is an image Run left alone.
-type Skipped struct {
-	Image, Reason string
-}
-
-// LockPath returns the lock file for runs against containerd at address in
-// namespace, in dir.
-func LockPath(dir, address, namespace string) string {
-	sum := sha256.Sum256([]byte(address + "\x00" + namespace))
-	return filepath.Join(dir, "grouped-snapshotter-migrate-"+hex.EncodeToString(sum[:8])+".lock")
+	Images, Names                         int
+	Skipped                               []string
+	Layers, LayersPresent, StaleRemoved   int
+	Copied                                bool
+	Files, Dirs, BytesLinked, BytesCopied int64
 }
 
 type run struct {
-	c        *client.Client
 	opts     Options
 	from, to snapshots.Snapshotter
 	cs       content.Store
+	is       images.Store
 	sum      *Summary
-	// toAbsent is set when containerd has no snapshotter named To yet (a
-	// dry run before the install): every layer counts as missing there.
-	toAbsent bool
+	toAbsent bool // a dry run before To is loaded
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.
+// The caller keeps two runs against one namespace apart (the command holds
+// a file lock): each would remove the other's snapshots as stale.
 func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retErr error) {
-	t0 := time.Now()
-	sum = Summary{From: opts.From, To: opts.To, DryRun: opts.DryRun}
-	defer func() { sum.Duration = time.Since(t0) }()
 	if opts.Namespace == "" || opts.From == "" || opts.To == "" || opts.From == opts.To {
 		return sum, fmt.Errorf("migrate needs a namespace and two different snapshotters (from %q to %q): %w", opts.From, opts.To, errdefs.ErrInvalidArgument)
 	}
 	if opts.Platform == nil {
 		opts.Platform = platforms.Default()
 	}
-	unlock, err := lock(opts.LockFile)
-	if err != nil {
-		return sum, err
-	}
-	defer unlock()
 	ctx = namespaces.WithNamespace(ctx, opts.Namespace)
-	if err := answers(ctx, c); err != nil {
+	r := &run{opts: opts, from: c.SnapshotService(opts.From), to: c.SnapshotService(opts.To), cs: c.ContentStore(), is: c.ImageService(), sum: &sum}
+	dest, err := r.destination(ctx, c)
+	if err != nil {
 		return sum, err
 	}
 	defer func() {
 		if errdefs.IsUnavailable(retErr) {
-			retErr = fmt.Errorf("containerd stopped answering during the run (restarted or stopped): what the run committed stays, and the next run removes what it left and finishes: %w", retErr)
+			retErr = fmt.Errorf("containerd stopped answering during the run (restarted or stopped): what it committed stays, and the next run removes what it left and finishes: %w", retErr)
 		}
 	}()
-	r := &run{c: c, opts: opts, from: c.SnapshotService(opts.From), to: c.SnapshotService(opts.To), cs: c.ContentStore(), sum: &sum}
-	dest, err := r.destination(ctx)
-	if err != nil {
-		return sum, err
-	}
 	if !opts.DryRun {
 		id := leasePrefix + opts.To
-		if ctx, err = r.holdLease(ctx, id); err != nil {
-			return sum, err
+		if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseExpiry)); err != nil && !errdefs.IsAlreadyExists(err) {
+			return sum, fmt.Errorf("create lease %s: %w", id, err)
 		}
+		ctx = leases.WithLease(ctx, id) // a dead run's is reused
 		defer func() {
-			// Without the lease, layers committed for an image whose
-			// config label was not set are collected: nothing half made
-			// stays.
+			// Layers committed for an image whose config label was not
+			// set go with the lease: nothing half made stays.
 			if err := c.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: id}); err != nil && !errdefs.IsNotFound(err) {
 				retErr = errors.Join(retErr, fmt.Errorf("delete lease %s: %w", id, err))
 			}
@@ -207,65 +135,33 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 		return sum, err
 	}
 	for i, p := range plans {
-		if err := r.image(ctx, p, i+1, len(plans)); err != nil {
+		if err := r.image(ctx, p); err != nil {
 			return sum, fmt.Errorf("image %s: %w", p.img.Name, err)
 		}
-		sum.Images++
+		if sum.Images++; opts.Progress != nil {
+			opts.Progress(p.img.Name, i+1, len(plans), len(p.layers), p.made)
+		}
 	}
 	return sum, nil
 }
 
-// answers refuses, before anything is done, a containerd that does not
-// answer within answerTimeout.
-func answers(ctx context.Context, c *client.Client) error {
+// destination asks containerd, which must answer within answerTimeout,
+// about To, and returns the directory whose filesystem copies go to.
+func (r *run) destination(ctx context.Context, c *client.Client) (string, error) {
 	tctx, cancel := context.WithTimeout(ctx, answerTimeout)
 	defer cancel()
 	t0 := time.Now()
-	if _, err := c.IntrospectionService().Server(tctx); err != nil {
-		// The client's own dial timeout may end the wait first, with a
-		// connection error.
-		if ctx.Err() == nil && (tctx.Err() != nil || time.Since(t0) >= answerTimeout-time.Second) {
-			return fmt.Errorf("containerd did not answer within %s (is it running, and is this its socket?): %w", answerTimeout, errdefs.ErrUnavailable)
-		}
-		return fmt.Errorf("containerd does not answer (is it running, and is this its socket?): %w", err)
+	resp, err := c.IntrospectionService().Plugins(tctx, `type=="io.containerd.snapshotter.v1",id=="`+r.opts.To+`"`)
+	if err != nil && ctx.Err() == nil && time.Since(t0) >= answerTimeout-time.Second {
+		// The client's own dial timeout may end the wait first.
+		return "", fmt.Errorf("containerd did not answer within %s (is it running, and is this its socket?): %w", answerTimeout, errdefs.ErrUnavailable)
+	} else if err != nil {
+		return "", fmt.Errorf("containerd does not answer (is it running, and is this its socket?): %w", err)
 	}
-	return nil
-}
-
-// lock takes the run's lock. The file stays when the run ends: a lock file
-// that is never removed needs no check that its name still leads to the
-// file locked.
-func lock(path string) (func(), error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("create lock directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
-	}
-	return func() { f.Close() }, nil
-}
-
-// destination returns the directory whose filesystem the copies go to:
-// Options.DestinationRoot or the root containerd reports for To, or its
-// nearest existing parent.
-func (r *run) destination(ctx context.Context) (string, error) {
-	resp, err := r.c.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1",id=="`+r.opts.To+`"`)
-	if err != nil {
-		return "", fmt.Errorf("list containerd's snapshotters: %w", err)
-	}
-	dest := r.opts.DestinationRoot
-	ps := resp.GetPlugins()
+	dest, ps := r.opts.DestinationRoot, resp.GetPlugins()
 	switch {
 	case len(ps) == 0 && !r.opts.DryRun:
-		return "", fmt.Errorf("containerd has no snapshotter named %s (its config, then a restart of containerd): %w", r.opts.To, errdefs.ErrFailedPrecondition)
+		return "", fmt.Errorf("containerd has no snapshotter %s (configure it and restart containerd): %w", r.opts.To, errdefs.ErrFailedPrecondition)
 	case len(ps) == 0:
 		r.toAbsent = true
 	case ps[0].GetInitErr() != nil:
@@ -274,31 +170,13 @@ func (r *run) destination(ctx context.Context) (string, error) {
 		dest = ps[0].GetExports()["root"]
 	}
 	if dest == "" {
-		return "", fmt.Errorf("no root directory of snapshotter %s to check the room for copies in (containerd reports none): name it with --destination-root: %w", r.opts.To, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("containerd reports no root directory of %s to check the room for copies in: name it with --destination-root: %w", r.opts.To, errdefs.ErrInvalidArgument)
 	}
-	for {
+	for ; ; dest = filepath.Dir(dest) {
 		if _, err := os.Stat(dest); err == nil {
 			return dest, nil
 		} else if !errors.Is(err, os.ErrNotExist) || dest == "/" {
 			return "", fmt.Errorf("root of %s: %w", r.opts.To, err)
 		}
-		dest = filepath.Dir(dest)
 	}
-}
-
-// holdLease creates the run's lease, or reuses the one a dead run left.
-func (r *run) holdLease(ctx context.Context, id string) (context.Context, error) {
-	ls := r.c.LeasesService()
-	existing, err := ls.List(ctx, "id=="+id)
-	if err != nil {
-		return ctx, fmt.Errorf("list leases: %w", err)
-	}
-	if len(existing) == 0 {
-		if _, err := ls.Create(ctx, leases.WithID(id), leases.WithExpiration(leaseExpiry)); err != nil {
-			return ctx, fmt.Errorf("create lease %s: %w", id, err)
-		}
-	} else {
-		log.G(ctx).WithField("lease", id).Info("reusing the lease of an interrupted run")
-	}
-	return leases.WithLease(ctx, id), nil
 }
