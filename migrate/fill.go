@@ -21,40 +21,30 @@ import (
 // layers share its inode; otherwise continuity's CopyDir copies it.
 // Directories are always made anew: nothing that names entries is shared.
 func fill(ctx context.Context, src, dst string, link bool, sum *Summary) error {
+	bytes := &sum.BytesLinked
 	if !link {
-		sum.Copied = true
+		sum.Copied, bytes = true, &sum.BytesCopied
 		if err := fs.CopyDir(dst, src); err != nil {
 			return fmt.Errorf("copy layer %s to %s: %w", src, dst, err)
 		}
 	}
-	var dirs []string
+	dirs := []string{"."}
 	err := filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
-		if err == nil {
-			err = ctx.Err()
-		}
 		rel, _ := filepath.Rel(src, path)
-		switch {
-		case err != nil:
+		if err != nil || rel == "." {
 			return err
-		case d.IsDir():
-			if dirs = append(dirs, rel); rel == "." {
-				return nil
-			} else if sum.Dirs++; !link {
-				return nil
+		} else if d.IsDir() {
+			dirs, sum.Dirs = append(dirs, rel), sum.Dirs+1
+			if err := ctx.Err(); err != nil || !link {
+				return err
 			}
 			return os.Mkdir(filepath.Join(dst, rel), 0o700)
-		case d.Type().IsRegular():
-			info, err := d.Info()
-			if err != nil {
-				return err
-			} else if link {
-				sum.BytesLinked += info.Size()
-			} else {
-				sum.BytesCopied += info.Size()
-			}
+		} else if info, err := d.Info(); err != nil {
+			return err
+		} else if info.Mode().IsRegular() {
+			*bytes += info.Size()
 		}
-		sum.Files++
-		if link {
+		if sum.Files++; link {
 			return os.Link(path, filepath.Join(dst, rel))
 		}
 		return nil
@@ -110,7 +100,7 @@ const roomMargin = 64 << 20
 
 // checkRoom refuses layers to copy (their source on another filesystem than
 // dest) that would not fit dest's filesystem with roomMargin to spare. A
-// dry run counts the bytes each way.
+// dry run counts the bytes by how they would move.
 func (r *run) checkRoom(ctx context.Context, todo []*layer, dest string) error {
 	var links, copies []string
 	for _, l := range todo {

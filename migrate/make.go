@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -19,18 +18,20 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 	for _, sn := range []snapshots.Snapshotter{r.from, r.to} {
 		stale := map[string]bool{}
 		for _, l := range todo {
-			stale[ActivePrefix+l.chainID.String()] = sn == r.to
+			if sn == r.to {
+				stale[ActivePrefix+l.chainID.String()] = true
+			}
 		}
 		if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-			stale[info.Name] = stale[info.Name] || info.Kind != snapshots.KindCommitted && strings.HasPrefix(info.Name, ActivePrefix)
+			if info.Kind != snapshots.KindCommitted && strings.HasPrefix(info.Name, ActivePrefix) {
+				stale[info.Name] = true
+			}
 			return nil
 		}); err != nil {
 			return fmt.Errorf("list snapshots: %w", err)
 		}
-		for key, ok := range stale {
-			if !ok {
-				continue
-			} else if err := sn.Remove(ctx, key); errdefs.IsNotFound(err) {
+		for key := range stale {
+			if err := sn.Remove(ctx, key); errdefs.IsNotFound(err) {
 				continue
 			} else if err != nil {
 				return fmt.Errorf("remove the interrupted run's snapshot %s: %w", key, err)
@@ -44,26 +45,6 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 	return nil
 }
 
-// image makes plan p's missing layers, then labels its config as the
-// unpacker does: the config names the top snapshot for the collector.
-func (r *run) image(ctx context.Context, p *plan) error {
-	for i, l := range p.layers[p.first:] {
-		if !l.done {
-			if err := r.makeLayer(ctx, l); err != nil {
-				return fmt.Errorf("layer %d (%s): %w", p.first+i+1, l.chainID, err)
-			}
-			l.done = true
-			p.made++
-		}
-	}
-	top := p.layers[len(p.layers)-1].chainID.String()
-	label := "containerd.io/gc.ref.snapshot." + r.opts.To
-	if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{label: top}}, "labels."+label); err != nil {
-		return fmt.Errorf("label config %s %s=%s: %w", p.config.Digest, label, top, err)
-	}
-	return nil
-}
-
 // makeLayer makes l in To from its source directory.
 func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 	chainID, key := l.chainID.String(), ActivePrefix+l.chainID.String()
@@ -72,10 +53,10 @@ func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 		return fmt.Errorf("prepare %s in %s: %w", key, r.opts.To, err)
 	}
 	defer func() {
-		if err != nil {
-			if err := r.to.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
-				log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the active snapshot; the next run removes it")
-			}
+		if err == nil {
+			return
+		} else if err := r.to.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the active snapshot; the next run removes it")
 		}
 	}()
 	dst, _, err := mountDirs(mounts)
@@ -86,10 +67,10 @@ func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 		return fmt.Errorf("active snapshot %s in %s: %w", key, r.opts.To, err)
 	}
 	link, err := sameFilesystem(l.src, dst)
-	if err != nil {
-		return err
+	if err == nil {
+		err = fill(ctx, l.src, dst, link, r.sum)
 	}
-	if err := fill(ctx, l.src, dst, link, r.sum); err != nil {
+	if err != nil {
 		return err
 	}
 	if err := r.to.Commit(ctx, chainID, key, snapshots.WithLabels(l.labels)); err != nil {

@@ -4,18 +4,15 @@
 //
 // Both keep a committed layer as a plain directory in overlayfs's format,
 // so a layer moves as a directory, through containerd's snapshot API so
-// that containerd's metadata knows it: Prepare "gs-migrate-<chain ID>" on
-// its parent, fill it from the source's directory, Commit it under the
-// chain ID with the unpacker's labels (core/unpack). The image config's
-// label containerd.io/gc.ref.snapshot.<destination> then makes the image
-// count as unpacked there and keeps its layers from garbage collection.
+// that containerd's metadata knows it: Prepare "gs-migrate-<chain ID>",
+// fill it from the source's directory, Commit it under the chain ID with
+// the unpacker's labels; then, as core/unpack does, label the image config
+// containerd.io/gc.ref.snapshot.<destination>.
 //
 // Every image is planned before anything is made; a dry run stops there.
-// A run holds a lease so that no collection takes committed layers before
-// the config label names them. A failed run leaves at most uncommitted
-// snapshots and the lease, which the next run removes before it finishes
-// the work: reruns are idempotent, and going on after a failure is the
-// caller's choice.
+// A failed run leaves at most uncommitted snapshots and its lease, which
+// the next run removes before it finishes the work: reruns are idempotent,
+// and going on after a failure is the caller's choice.
 package migrate
 
 import (
@@ -63,12 +60,9 @@ type Options struct {
 	DestinationRoot string
 }
 
-// Summary is what a run did, or a dry run would do: the images moved or
-// already complete (each once, whatever its names among Names) and those
-// skipped with why; the layers made and those already in To; whether some
-// were copied (two filesystems) rather than linked, the entries made and
-// the bytes by how they moved (a dry run: disk usage, by how they would);
-// and the snapshots of an interrupted run removed.
+// Summary is what a run did, or a dry run would do. Images counts each
+// image once, whatever its names among Names; the bytes are counted by how
+// they move (a dry run: disk usage of the layers to copy).
 type Summary struct {
 	Images, Names                         int
 	Skipped                               []string
@@ -134,12 +128,20 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 	if err := r.removeStale(ctx, todo); err != nil {
 		return sum, err
 	}
+	label := "containerd.io/gc.ref.snapshot." + opts.To
 	for i, p := range plans {
-		if err := r.image(ctx, p); err != nil {
-			return sum, fmt.Errorf("image %s: %w", p.img.Name, err)
+		for _, l := range p.todo {
+			if err := r.makeLayer(ctx, l); err != nil {
+				return sum, fmt.Errorf("image %s: layer %s: %w", p.img.Name, l.chainID, err)
+			}
+		}
+		// The config names the top layer for the garbage collector.
+		top := p.layers[len(p.layers)-1].chainID.String()
+		if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{label: top}}, "labels."+label); err != nil {
+			return sum, fmt.Errorf("image %s: label config %s %s=%s: %w", p.img.Name, p.config.Digest, label, top, err)
 		}
 		if sum.Images++; opts.Progress != nil {
-			opts.Progress(p.img.Name, i+1, len(plans), len(p.layers), p.made)
+			opts.Progress(p.img.Name, i+1, len(plans), len(p.layers), len(p.todo))
 		}
 	}
 	return sum, nil

@@ -24,16 +24,16 @@ type layer struct {
 	chainID, parent digest.Digest
 	labels          map[string]string
 	src             string
-	done            bool
 }
 
-// plan is an image: its layers bottom up, the first one To lacks, and how
-// many this run made.
+// plan is an image: its layers bottom up, the first one To lacks, and the
+// layers this run makes for it (none that an image before made).
 type plan struct {
-	img         images.Image
-	config      ocispec.Descriptor
-	layers      []*layer
-	first, made int
+	img    images.Image
+	config ocispec.Descriptor
+	layers []*layer
+	first  int
+	todo   []*layer
 }
 
 // skipError is an image not unpacked in From: skipped when moving every
@@ -79,10 +79,11 @@ func (r *run) planAll(ctx context.Context) ([]*plan, []*layer, error) {
 			if !counted[l] && i < p.first {
 				r.sum.LayersPresent++
 			} else if !counted[l] {
-				todo = append(todo, l)
+				p.todo = append(p.todo, l)
 			}
 			counted[l] = true
 		}
+		todo = append(todo, p.todo...)
 	}
 	return plans, todo, nil
 }
