@@ -100,32 +100,23 @@ const roomMargin = 64 << 20
 
 // checkRoom refuses layers to copy (their source on another filesystem than
 // dest) that would not fit dest's filesystem with roomMargin to spare. A
-// dry run counts the bytes by how they would move.
+// dry run counts their bytes; those to link are not measured.
 func (r *run) checkRoom(ctx context.Context, todo []*layer, dest string) error {
-	var links, copies []string
+	srcs := map[bool][]string{} // by whether they are linked
 	for _, l := range todo {
 		link, err := sameFilesystem(l.src, dest)
 		if err != nil {
 			return err
-		} else if link {
-			links = append(links, l.src)
-		} else {
-			copies = append(copies, l.src)
 		}
+		srcs[link] = append(srcs[link], l.src)
 	}
-	need, err := fs.DiskUsage(ctx, copies...)
+	need, err := fs.DiskUsage(ctx, srcs[false]...)
 	if err != nil {
 		return fmt.Errorf("measure the layers to copy: %w", err)
-	}
-	if r.opts.DryRun {
-		linked, err := fs.DiskUsage(ctx, links...)
-		if err != nil {
-			return fmt.Errorf("measure the layers to link: %w", err)
-		}
-		r.sum.BytesLinked, r.sum.BytesCopied, r.sum.Copied = linked.Size, need.Size, len(copies) > 0
-	}
-	if len(copies) == 0 {
+	} else if len(srcs[false]) == 0 {
 		return nil
+	} else if r.opts.DryRun {
+		r.sum.Copied, r.sum.BytesCopied = true, need.Size
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dest, &st); err != nil {
@@ -134,10 +125,10 @@ func (r *run) checkRoom(ctx context.Context, todo []*layer, dest string) error {
 	free := int64(st.Bavail) * st.Bsize //nolint:gosec // block counts fit int64
 	if need.Size+roomMargin > free {
 		return fmt.Errorf("no room to copy %d layers: they need %d bytes (+%d spare) and %s has %d free; free some space or put both roots on one filesystem (then layers are hard-linked): %w",
-			len(copies), need.Size, roomMargin, dest, free, errdefs.ErrResourceExhausted)
+			len(srcs[false]), need.Size, roomMargin, dest, free, errdefs.ErrResourceExhausted)
 	}
 	if st.Files > 0 && int64(st.Ffree) < need.Inodes { //nolint:gosec // inode counts fit int64
-		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", len(copies), need.Inodes, dest, st.Ffree, errdefs.ErrResourceExhausted)
+		return fmt.Errorf("no room to copy %d layers: they need %d inodes and %s has %d free: %w", len(srcs[false]), need.Inodes, dest, st.Ffree, errdefs.ErrResourceExhausted)
 	}
 	return nil
 }

@@ -113,12 +113,18 @@ func describe(t *testing.T, dir string) []string {
 	return out
 }
 
+// TestFill fills a layer by hard links, by copies on one filesystem, and
+// by copies onto a tmpfs (another filesystem: no copy_file_range between
+// them), and compares the trees.
 func TestFill(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Fatal("TestFill needs root (devices, owners, trusted.* xattrs); CI runs it as root")
+		t.Fatal("TestFill needs root (devices, owners, trusted.* xattrs, a tmpfs); CI runs it as root")
 	}
-	for _, copyMode := range []bool{false, true} {
-		t.Run(fmt.Sprintf("copy=%v", copyMode), func(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		copy, tmpfs bool
+	}{{"link", false, false}, {"copy", true, false}, {"copy-to-tmpfs", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
 			base := t.TempDir()
 			src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
 			if err := os.Mkdir(src, 0o755); err != nil {
@@ -127,9 +133,19 @@ func TestFill(t *testing.T) {
 			if err := os.Mkdir(dst, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			if c.tmpfs {
+				if err := unix.Mount("tmpfs", dst, "tmpfs", 0, "size=16m"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := unix.Unmount(dst, 0); err != nil {
+						t.Errorf("unmount %s: %v", dst, err)
+					}
+				})
+			}
 			makeLayer(t, src)
 			var st Summary
-			if err := fill(t.Context(), src, dst, !copyMode, &st); err != nil {
+			if err := fill(t.Context(), src, dst, !c.copy, &st); err != nil {
 				t.Fatal(err)
 			}
 			want, got := describe(t, src), describe(t, dst)
@@ -138,8 +154,8 @@ func TestFill(t *testing.T) {
 			}
 			// 8 non-directories: passwd, passwd-link, link, gone, null,
 			// fifo, suid, owned.
-			if st.Dirs != 3 || st.Files != 8 || st.Copied != copyMode || (st.BytesCopied == 0) != !copyMode || (st.BytesLinked == 0) != copyMode {
-				t.Errorf("stats %+v: want 3 directories and 8 other entries", st)
+			if st.Dirs != 3 || st.Files != 8 || st.Copied != c.copy || (st.BytesCopied == 0) == c.copy || (st.BytesLinked == 0) != c.copy {
+				t.Errorf("stats %+v: want 3 directories and 8 other entries, bytes counted by how they moved", st)
 			}
 			var shared int
 			for _, p := range []string{"etc/passwd", "etc/passwd-link", "etc/link", "etc/gone", "null", "fifo", "suid", "private/owned"} {
@@ -150,12 +166,12 @@ func TestFill(t *testing.T) {
 				if err := unix.Lstat(filepath.Join(dst, p), &b); err != nil {
 					t.Fatal(err)
 				}
-				if a.Ino == b.Ino {
+				if a.Ino == b.Ino && a.Dev == b.Dev {
 					shared++
 				}
 			}
-			if want := map[bool]int{false: 8, true: 0}[copyMode]; shared != want {
-				t.Errorf("copy=%v: %d of 8 entries share their inode with the source, want %d", copyMode, shared, want)
+			if want := map[bool]int{false: 8, true: 0}[c.copy]; shared != want {
+				t.Errorf("%d of 8 entries share their inode with the source, want %d", shared, want)
 			}
 		})
 	}

@@ -36,7 +36,6 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 			} else if err != nil {
 				return fmt.Errorf("remove the interrupted run's snapshot %s: %w", key, err)
 			}
-			log.G(ctx).WithField("key", key).Info("removed an interrupted run's snapshot")
 			if sn == r.to {
 				r.sum.StaleRemoved++
 			}

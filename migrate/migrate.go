@@ -42,27 +42,25 @@ const (
 	answerTimeout = 10 * time.Second
 )
 
-// Options configure Run.
+// Options configure Run. No Images means every image of Namespace, and
+// then one not unpacked in From is skipped rather than refused. A DryRun
+// plans, checks the room for copies and stops; To need not be loaded in
+// containerd yet (every layer then counts as missing). DestinationRoot
+// (or its nearest existing parent) is where the room for copies is
+// checked; empty, the root containerd exports for To.
 type Options struct {
-	Namespace string
-	// Images are references; none means every image of Namespace, and
-	// then one not unpacked in From is skipped rather than refused.
-	Images   []string
-	From, To string
-	Platform platforms.MatchComparer // nil: the host's
+	Namespace, From, To string
+	Images              []string
+	Platform            platforms.MatchComparer // nil: the host's
+	DryRun              bool
+	DestinationRoot     string
 	// Progress is called as each image is complete in To.
 	Progress func(image string, index, images, layers, made int)
-	// DryRun plans, checks the room for copies and stops. To need not be
-	// loaded in containerd yet: then every layer counts as missing.
-	DryRun bool
-	// DestinationRoot is where the room for copies is checked (its
-	// nearest existing parent); empty: the root containerd exports for To.
-	DestinationRoot string
 }
 
 // Summary is what a run did, or a dry run would do. Images counts each
-// image once, whatever its names among Names; the bytes are counted by how
-// they move (a dry run: disk usage of the layers to copy).
+// image once, whatever its names among Names; bytes are counted by how
+// they move (a dry run: the disk usage of the layers to copy).
 type Summary struct {
 	Images, Names                         int
 	Skipped                               []string
@@ -106,10 +104,10 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 		if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseExpiry)); err != nil && !errdefs.IsAlreadyExists(err) {
 			return sum, fmt.Errorf("create lease %s: %w", id, err)
 		}
-		ctx = leases.WithLease(ctx, id) // a dead run's is reused
+		// A dead run's lease is reused; this one's goes at the end, and
+		// with it layers committed for an image whose label was not set.
+		ctx = leases.WithLease(ctx, id)
 		defer func() {
-			// Layers committed for an image whose config label was not
-			// set go with the lease: nothing half made stays.
 			if err := c.LeasesService().Delete(context.WithoutCancel(ctx), leases.Lease{ID: id}); err != nil && !errdefs.IsNotFound(err) {
 				retErr = errors.Join(retErr, fmt.Errorf("delete lease %s: %w", id, err))
 			}

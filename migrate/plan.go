@@ -18,8 +18,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// layer is a layer of a chain, shared by the images that have it; src is
-// the source's directory of a layer To lacks.
+// layer is a layer of an image's chain; src is the source's directory of a
+// layer To lacks.
 type layer struct {
 	chainID, parent digest.Digest
 	labels          map[string]string
@@ -61,12 +61,11 @@ func (r *run) planAll(ctx context.Context) ([]*plan, []*layer, error) {
 		}
 	}
 	r.sum.Names = len(imgs)
-	known := map[digest.Digest]*layer{}
-	counted := map[*layer]bool{}
+	counted := map[digest.Digest]bool{}
 	var plans []*plan
 	var todo []*layer
 	for _, img := range distinct(imgs) {
-		p, err := r.plan(ctx, img, known)
+		p, err := r.plan(ctx, img)
 		var skip skipError
 		if errors.As(err, &skip) && len(r.opts.Images) == 0 {
 			r.sum.Skipped = append(r.sum.Skipped, img.Name+": "+skip.reason)
@@ -76,12 +75,12 @@ func (r *run) planAll(ctx context.Context) ([]*plan, []*layer, error) {
 		}
 		plans = append(plans, p)
 		for i, l := range p.layers {
-			if !counted[l] && i < p.first {
+			if !counted[l.chainID] && i < p.first {
 				r.sum.LayersPresent++
-			} else if !counted[l] {
+			} else if !counted[l.chainID] {
 				p.todo = append(p.todo, l)
 			}
-			counted[l] = true
+			counted[l.chainID] = true
 		}
 		todo = append(todo, p.todo...)
 	}
@@ -107,7 +106,7 @@ func distinct(imgs []images.Image) []images.Image {
 
 // plan reads img's chain, finds the first layer To lacks and the source
 // directories from there.
-func (r *run) plan(ctx context.Context, img images.Image, known map[digest.Digest]*layer) (*plan, error) {
+func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 	mf, err := images.Manifest(ctx, r.cs, img.Target, r.opts.Platform)
 	if errdefs.IsNotFound(err) {
 		return nil, skipError{fmt.Sprintf("no manifest for this platform in the content store: %v", err)}
@@ -123,15 +122,13 @@ func (r *run) plan(ctx context.Context, img images.Image, known map[digest.Diges
 	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
 	p := &plan{img: img, config: mf.Config, first: len(chain)}
 	for i, id := range chain {
-		if known[id] == nil {
-			// The labels core/unpack gives a layer's snapshot.
-			known[id] = &layer{chainID: id, labels: map[string]string{snapshots.LabelSnapshotRef: id.String(), snapshots.LabelSnapshotDiffID: diffIDs[i].String()}}
-			if i > 0 {
-				known[id].parent = chain[i-1]
-				known[id].labels["containerd.io/snapshot/parent-chain-id"] = chain[i-1].String()
-			}
+		// The labels core/unpack gives a layer's snapshot.
+		l := &layer{chainID: id, labels: map[string]string{snapshots.LabelSnapshotRef: id.String(), snapshots.LabelSnapshotDiffID: diffIDs[i].String()}}
+		if i > 0 {
+			l.parent = chain[i-1]
+			l.labels["containerd.io/snapshot/parent-chain-id"] = l.parent.String()
 		}
-		p.layers = append(p.layers, known[id])
+		p.layers = append(p.layers, l)
 	}
 	if r.toAbsent {
 		p.first = 0
@@ -197,18 +194,11 @@ func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error 
 	return nil
 }
 
-// mountDirs returns the directories behind a snapshot's one mount: the
-// directory it writes to (an overlay's upperdir=, a bind's source) and the
-// layer directories it reads, top first (an overlay's lowerdir=, a bind's
-// source).
-//
-// Why the mounts and not another call: containerd's snapshot API names no
-// directory (Stat, Usage and Walk give names, kinds and labels; only the
-// mounts of an active snapshot or a view lead to the disk), and a layer
-// cannot move through a mount of it: hard links do not cross into an
-// overlay mount, and overlayfs would read the layer's whiteouts and
-// trusted.overlay.* xattrs instead of passing them on. containerd's own
-// overlay differ reads upperdir= the same way (core/diff/apply).
+// mountDirs returns the directory a snapshot's one mount writes to and the
+// layer directories it reads, top first. The snapshot API names no
+// directory but through mounts, and a layer cannot move through a mount:
+// hard links do not cross into one, and overlayfs would interpret the
+// whiteouts and trusted.overlay.* xattrs it must pass on.
 func mountDirs(mounts []mount.Mount) (upper string, lowers []string, err error) {
 	if len(mounts) != 1 {
 		return "", nil, fmt.Errorf("%d mounts, want one bind or overlay: %w", len(mounts), errdefs.ErrNotImplemented)

@@ -111,8 +111,8 @@ func printSummary(w io.Writer, verb string, o migrate.Options, s migrate.Summary
 		images = fmt.Sprintf("%d images under %d names", s.Images, s.Names)
 	}
 	if o.DryRun {
-		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %s, %d layers already there; %s\n",
-			verb, o.From, o.To, s.Layers, humanBytes(s.BytesLinked), humanBytes(s.BytesCopied), images, s.LayersPresent, took.Round(time.Millisecond))
+		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to copy, the rest hard-linked) for %s, %d layers already there; %s\n",
+			verb, o.From, o.To, s.Layers, humanBytes(s.BytesCopied), images, s.LayersPresent, took.Round(time.Millisecond))
 		return
 	}
 	if s.StaleRemoved > 0 {
