@@ -17,7 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Result says what Forget did in one containerd namespace.
+// Result says what Snapshots did in one containerd namespace.
 type Result struct {
 	Namespace string
 	// Removed are the snapshot keys containerd no longer records.
@@ -26,12 +26,12 @@ type Result struct {
 	Kept []string
 }
 
-// Forget removes every snapshot containerd records for snapshotter, in
+// Snapshots removes every snapshot containerd records for snapshotter, in
 // every namespace, children before parents, except those a container still
 // uses and their parents. It needs containerd with the snapshotter
 // configured and its daemon answering: containerd lists a snapshotter's
 // records through it.
-func Forget(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
+func Snapshots(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
 	nss, err := c.NamespaceService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("forget %s's snapshots: list containerd namespaces: %w", snapshotter, err)
