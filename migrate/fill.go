@@ -33,19 +33,26 @@ func fill(ctx context.Context, src, dst string, link bool, sum *Summary) error {
 		rel, _ := filepath.Rel(src, path)
 		if err != nil || rel == "." {
 			return err
-		} else if d.IsDir() {
+		} else if err := ctx.Err(); err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
 			dirs, sum.Dirs = append(dirs, rel), sum.Dirs+1
-			if err := ctx.Err(); err != nil || !link {
-				return err
+			if link {
+				return os.Mkdir(target, 0o700)
 			}
-			return os.Mkdir(filepath.Join(dst, rel), 0o700)
-		} else if info, err := d.Info(); err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
 			return err
 		} else if info.Mode().IsRegular() {
 			*bytes += info.Size()
 		}
-		if sum.Files++; link {
-			return os.Link(path, filepath.Join(dst, rel))
+		sum.Files++
+		if link {
+			return os.Link(path, target)
 		}
 		return nil
 	})

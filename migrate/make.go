@@ -18,9 +18,7 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 	for _, sn := range []snapshots.Snapshotter{r.from, r.to} {
 		stale := map[string]bool{}
 		for _, l := range todo {
-			if sn == r.to {
-				stale[ActivePrefix+l.chainID.String()] = true
-			}
+			stale[ActivePrefix+l.chainID.String()] = sn == r.to
 		}
 		if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
 			if info.Kind != snapshots.KindCommitted && strings.HasPrefix(info.Name, ActivePrefix) {
@@ -30,8 +28,10 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 		}); err != nil {
 			return fmt.Errorf("list snapshots: %w", err)
 		}
-		for key := range stale {
-			if err := sn.Remove(ctx, key); errdefs.IsNotFound(err) {
+		for key, ok := range stale {
+			if !ok {
+				continue
+			} else if err := sn.Remove(ctx, key); errdefs.IsNotFound(err) {
 				continue
 			} else if err != nil {
 				return fmt.Errorf("remove the interrupted run's snapshot %s: %w", key, err)
@@ -54,8 +54,9 @@ func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 	defer func() {
 		if err == nil {
 			return
-		} else if err := r.to.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the active snapshot; the next run removes it")
+		}
+		if rerr := r.to.Remove(context.WithoutCancel(ctx), key); rerr != nil && !errdefs.IsNotFound(rerr) {
+			log.G(ctx).WithError(rerr).WithField("key", key).Warn("failed to remove the active snapshot; the next run removes it")
 		}
 	}()
 	dst, _, err := mountDirs(mounts)

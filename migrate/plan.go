@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -120,7 +122,7 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 		return nil, skipError{"no layers"}
 	}
 	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
-	p := &plan{img: img, config: mf.Config, first: len(chain)}
+	p := &plan{img: img, config: mf.Config}
 	for i, id := range chain {
 		// The labels core/unpack gives a layer's snapshot.
 		l := &layer{chainID: id, labels: map[string]string{snapshots.LabelSnapshotRef: id.String(), snapshots.LabelSnapshotDiffID: diffIDs[i].String()}}
@@ -130,16 +132,20 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 		}
 		p.layers = append(p.layers, l)
 	}
-	if r.toAbsent {
-		p.first = 0
+	// A committed layer's parents are committed too: To has a prefix of
+	// the chain (none before it loads), whose end a binary search finds.
+	var statErr error
+	if !r.toAbsent {
+		p.first = sort.Search(len(chain), func(i int) bool {
+			_, err := r.to.Stat(ctx, chain[i].String())
+			if err != nil && !errdefs.IsNotFound(err) {
+				statErr = err
+			}
+			return err != nil
+		})
 	}
-	// A committed layer's parents are committed too: look from the top.
-	for ; p.first > 0; p.first-- {
-		if _, err := r.to.Stat(ctx, chain[p.first-1].String()); err == nil {
-			break
-		} else if !errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("stat %s in %s: %w", chain[p.first-1], r.opts.To, err)
-		}
+	if statErr != nil {
+		return nil, fmt.Errorf("stat layers in %s: %w", r.opts.To, statErr)
 	}
 	if p.first == len(chain) {
 		return p, nil
@@ -181,14 +187,21 @@ func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error 
 	if err != nil {
 		return fmt.Errorf("view of %s in %s: %w", top, r.opts.From, err)
 	}
+	moving := map[string]int{} // directory -> layer index
 	for i := first; i < len(layers); i++ {
 		layers[i].src = dirs[len(dirs)-1-i] // top first
-		mps, err := mountinfo.GetMounts(mountinfo.PrefixFilter(layers[i].src))
-		if err != nil {
-			return fmt.Errorf("read mountinfo: %w", err)
-		} else if len(mps) > 0 {
-			return fmt.Errorf("layer %d (%s) in %s: %s has a mount on it (%s); unmount it first: %w",
-				i+1, layers[i].chainID, r.opts.From, layers[i].src, mps[0].Mountpoint, errdefs.ErrFailedPrecondition)
+		moving[layers[i].src] = i
+	}
+	mps, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	for _, m := range mps {
+		for dir := m.Mountpoint; dir != "/" && dir != "."; dir = filepath.Dir(dir) {
+			if i, ok := moving[dir]; ok {
+				return fmt.Errorf("layer %d (%s) in %s: %s has a mount on it (%s); unmount it first: %w",
+					i+1, layers[i].chainID, r.opts.From, dir, m.Mountpoint, errdefs.ErrFailedPrecondition)
+			}
 		}
 	}
 	return nil
