@@ -96,7 +96,7 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 	}
 	defer func() {
 		if errdefs.IsUnavailable(retErr) {
-			retErr = fmt.Errorf("containerd stopped answering during the run (restarted or stopped): what it committed stays, and the next run removes what it left and finishes: %w", retErr)
+			retErr = fmt.Errorf("containerd stopped answering during the run (restarted or stopped): run it again once it answers, and it resumes: %w", retErr)
 		}
 	}()
 	if !opts.DryRun {
@@ -138,7 +138,8 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 		if _, err := r.cs.Update(ctx, content.Info{Digest: p.config.Digest, Labels: map[string]string{label: top}}, "labels."+label); err != nil {
 			return sum, fmt.Errorf("image %s: label config %s %s=%s: %w", p.img.Name, p.config.Digest, label, top, err)
 		}
-		if sum.Images++; opts.Progress != nil {
+		sum.Images++
+		if opts.Progress != nil {
 			opts.Progress(p.img.Name, i+1, len(plans), len(p.layers), len(p.todo))
 		}
 	}
