@@ -161,18 +161,18 @@ func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error 
 	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), top.Encoded()[:12])
 	mounts, err := r.from.View(ctx, key, top.String())
 	if errdefs.IsNotFound(err) {
-		have := 0
-		for ; have < len(layers); have++ {
-			if _, err := r.from.Stat(ctx, layers[have].chainID.String()); err != nil {
-				break
-			}
-		}
+		have := sort.Search(len(layers), func(i int) bool {
+			_, err := r.from.Stat(ctx, layers[i].chainID.String())
+			return err != nil
+		})
 		if have == 0 {
 			return skipError{"not unpacked in " + r.opts.From}
+		} else if have < len(layers) {
+			return fmt.Errorf("incomplete chain: %s has layers 1-%d of %d, not layer %d (%s): unpack the image there first: %w",
+				r.opts.From, have, len(layers), have+1, layers[have].chainID, errdefs.ErrFailedPrecondition)
 		}
-		return fmt.Errorf("incomplete chain: %s has layers 1-%d of %d, not layer %d (%s): unpack the image there first: %w",
-			r.opts.From, have, len(layers), have+1, layers[have].chainID, errdefs.ErrFailedPrecondition)
-	} else if err != nil {
+	}
+	if err != nil {
 		return fmt.Errorf("view %s in %s: %w", top, r.opts.From, err)
 	}
 	defer func() {
