@@ -3,7 +3,6 @@ package migrate
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
@@ -21,11 +20,9 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 			stale[ActivePrefix+l.chainID.String()] = sn == r.to
 		}
 		if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-			if info.Kind != snapshots.KindCommitted && strings.HasPrefix(info.Name, ActivePrefix) {
-				stale[info.Name] = true
-			}
+			stale[info.Name] = true
 			return nil
-		}); err != nil {
+		}, `kind!=committed,name~="^`+ActivePrefix+`"`); err != nil {
 			return fmt.Errorf("list snapshots: %w", err)
 		}
 		for key, ok := range stale {
