@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/continuity/sysx"
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
@@ -47,15 +48,15 @@ func makeLayer(t *testing.T, dir string) {
 	must(unix.Lsetxattr(filepath.Join(dir, "etc/passwd"), "user.note", []byte("hello"), 0))
 	must(unix.Lsetxattr(filepath.Join(dir, "etc/link"), "trusted.note", []byte("on a symlink"), 0))
 	must(os.Chmod(dir, 0o751))
-	ts := []unix.Timespec{{Sec: 946684800}, {Sec: 946684800}}
-	for _, p := range []string{"etc/opq", "etc", "private", ""} {
+	ts := []unix.Timespec{{Sec: 946684800}, {Sec: 946684800, Nsec: 123456789}}
+	// Entries before their directories, whose times their changes move.
+	for _, p := range []string{"etc/passwd", "etc/link", "etc/gone", "null", "fifo", "suid", "private/owned", "etc/opq", "etc", "private", ""} {
 		must(unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(dir, p), ts, unix.AT_SYMLINK_NOFOLLOW))
 	}
 }
 
-// describe lists a tree: every attribute Fill must keep, with directory
-// times and, for non-directories, whether they share the inode of the
-// same path under other.
+// describe lists a tree: every attribute fill must keep, times included,
+// and the hard links inside it.
 func describe(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string
@@ -69,10 +70,8 @@ func describe(t *testing.T, dir string) []string {
 		if err := unix.Lstat(path, &st); err != nil {
 			return err
 		}
-		line := fmt.Sprintf("%s type=%o mode=%o owner=%d:%d", rel, st.Mode&unix.S_IFMT, st.Mode&0o7777, st.Uid, st.Gid)
+		line := fmt.Sprintf("%s type=%o mode=%o owner=%d:%d mtime=%d.%09d", rel, st.Mode&unix.S_IFMT, st.Mode&0o7777, st.Uid, st.Gid, st.Mtim.Sec, st.Mtim.Nsec)
 		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
-			line += fmt.Sprintf(" mtime=%d", st.Mtim.Sec)
 		case unix.S_IFREG:
 			data, err := os.ReadFile(path)
 			if err != nil {
@@ -93,13 +92,13 @@ func describe(t *testing.T, dir string) []string {
 		case unix.S_IFCHR, unix.S_IFBLK:
 			line += fmt.Sprintf(" rdev=%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
 		}
-		names, err := listXattrs(path)
+		names, err := sysx.LListxattr(path)
 		if err != nil {
 			return err
 		}
 		sort.Strings(names)
 		for _, n := range names {
-			v, err := getXattr(path, n)
+			v, err := sysx.LGetxattr(path, n)
 			if err != nil {
 				return err
 			}
@@ -114,12 +113,18 @@ func describe(t *testing.T, dir string) []string {
 	return out
 }
 
+// TestFill fills a layer by hard links, by copies on one filesystem, and
+// by copies onto a tmpfs (another filesystem: no copy_file_range between
+// them), and compares the trees.
 func TestFill(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Fatal("TestFill needs root (devices, owners, trusted.* xattrs); CI runs it as root")
+		t.Fatal("TestFill needs root (devices, owners, trusted.* xattrs, a tmpfs); CI runs it as root")
 	}
-	for _, copyMode := range []bool{false, true} {
-		t.Run(fmt.Sprintf("copy=%v", copyMode), func(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		copy, tmpfs bool
+	}{{"link", false, false}, {"copy", true, false}, {"copy-to-tmpfs", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
 			base := t.TempDir()
 			src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
 			if err := os.Mkdir(src, 0o755); err != nil {
@@ -128,19 +133,29 @@ func TestFill(t *testing.T) {
 			if err := os.Mkdir(dst, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			if c.tmpfs {
+				if err := unix.Mount("tmpfs", dst, "tmpfs", 0, "size=16m"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := unix.Unmount(dst, 0); err != nil {
+						t.Errorf("unmount %s: %v", dst, err)
+					}
+				})
+			}
 			makeLayer(t, src)
-			st, err := Fill(t.Context(), src, dst, copyMode)
-			if err != nil {
+			var st Summary
+			if err := fill(t.Context(), src, dst, !c.copy, &st); err != nil {
 				t.Fatal(err)
 			}
 			want, got := describe(t, src), describe(t, dst)
 			if strings.Join(want, "\n") != strings.Join(got, "\n") {
 				t.Fatalf("the filled tree differs:\nsource:\n%s\nfilled:\n%s", strings.Join(want, "\n"), strings.Join(got, "\n"))
 			}
-			// 7 non-directories: passwd, passwd-link, link, gone, null,
-			// fifo, suid, owned = 8.
-			if st.Dirs != 3 || st.Links+st.Copies != 8 {
-				t.Errorf("stats %+v: want 3 directories and 8 other entries", st)
+			// 8 non-directories: passwd, passwd-link, link, gone, null,
+			// fifo, suid, owned.
+			if st.Dirs != 3 || st.Files != 8 || st.Copied != c.copy || (st.BytesCopied == 0) == c.copy || (st.BytesLinked == 0) != c.copy {
+				t.Errorf("stats %+v: want 3 directories and 8 other entries, bytes counted by how they moved", st)
 			}
 			var shared int
 			for _, p := range []string{"etc/passwd", "etc/passwd-link", "etc/link", "etc/gone", "null", "fifo", "suid", "private/owned"} {
@@ -151,60 +166,36 @@ func TestFill(t *testing.T) {
 				if err := unix.Lstat(filepath.Join(dst, p), &b); err != nil {
 					t.Fatal(err)
 				}
-				if a.Ino == b.Ino {
+				if a.Ino == b.Ino && a.Dev == b.Dev {
 					shared++
 				}
 			}
-			switch {
-			case !copyMode && (shared != 8 || st.BytesCopied != 0 || st.BytesLinked == 0):
-				t.Errorf("link mode: %d of 8 entries share their inode, stats %+v", shared, st)
-			case copyMode && (shared != 0 || st.BytesLinked != 0 || st.BytesCopied == 0):
-				t.Errorf("copy mode: %d of 8 entries share their inode, stats %+v", shared, st)
+			if want := map[bool]int{false: 8, true: 0}[c.copy]; shared != want {
+				t.Errorf("%d of 8 entries share their inode with the source, want %d", shared, want)
 			}
 		})
 	}
 }
 
-func TestFillRefusesNonEmptyDestination(t *testing.T) {
+func TestFillNamesAMissingSource(t *testing.T) {
 	base := t.TempDir()
-	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
-	for _, d := range []string{src, dst} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dst, "x"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Fill(t.Context(), src, dst, false); err == nil || !strings.Contains(err.Error(), "not empty") {
-		t.Fatalf("Fill into a non-empty directory: %v, want a refusal naming it", err)
-	}
-	if _, err := Fill(t.Context(), filepath.Join(base, "missing"), dst, false); err == nil || !strings.Contains(err.Error(), "missing") {
+	if err := fill(t.Context(), filepath.Join(base, "missing"), base, true, &Summary{}); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("Fill from a missing directory: %v, want an error naming it", err)
 	}
 }
 
-func TestLowerAndUpperDirs(t *testing.T) {
+func TestMountDirs(t *testing.T) {
 	overlay := mount.Mount{Type: "overlay", Source: "overlay", Options: []string{"index=off", "workdir=/r/w/9", "upperdir=/r/l/9", "lowerdir=/r/l/8:/r/l/7"}}
-	if got, err := lowerDirs([]mount.Mount{overlay}); err != nil || strings.Join(got, " ") != "/r/l/8 /r/l/7" {
-		t.Errorf("lowerDirs(overlay) = %v, %v", got, err)
-	}
-	if got, err := upperDir([]mount.Mount{overlay}); err != nil || got != "/r/l/9" {
-		t.Errorf("upperDir(overlay) = %v, %v", got, err)
+	if upper, lowers, err := mountDirs([]mount.Mount{overlay}); err != nil || upper != "/r/l/9" || strings.Join(lowers, " ") != "/r/l/8 /r/l/7" {
+		t.Errorf("mountDirs(overlay) = %q, %q, %v", upper, lowers, err)
 	}
 	bind := mount.Mount{Type: "bind", Source: "/r/snapshots/3/fs", Options: []string{"ro", "rbind"}}
-	if got, err := lowerDirs([]mount.Mount{bind}); err != nil || strings.Join(got, " ") != "/r/snapshots/3/fs" {
-		t.Errorf("lowerDirs(bind) = %v, %v", got, err)
-	}
-	if got, err := upperDir([]mount.Mount{bind}); err != nil || got != "/r/snapshots/3/fs" {
-		t.Errorf("upperDir(bind) = %v, %v", got, err)
+	if upper, lowers, err := mountDirs([]mount.Mount{bind}); err != nil || upper != "/r/snapshots/3/fs" || strings.Join(lowers, " ") != "/r/snapshots/3/fs" {
+		t.Errorf("mountDirs(bind) = %q, %q, %v", upper, lowers, err)
 	}
 	for _, bad := range [][]mount.Mount{nil, {bind, bind}, {{Type: "erofs", Source: "/x"}}, {{Type: "overlay", Options: []string{"ro"}}}} {
-		if _, err := lowerDirs(bad); err == nil {
-			t.Errorf("lowerDirs(%v) accepted mounts it cannot read", bad)
-		}
-		if _, err := upperDir(bad); err == nil {
-			t.Errorf("upperDir(%v) accepted mounts it cannot read", bad)
+		if _, _, err := mountDirs(bad); !errdefs.IsNotImplemented(err) {
+			t.Errorf("mountDirs(%v) = %v, want NotImplemented", bad, err)
 		}
 	}
 }
@@ -234,34 +225,19 @@ func TestCheckRoom(t *testing.T) {
 			t.Errorf("unmount %s: %v", small, err)
 		}
 	})
-	err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, small)
+	r := &run{sum: &Summary{}}
+	err := r.checkRoom(t.Context(), []*layer{{chainID: "sha256:aa", src: src}}, small)
 	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "no room to copy 1 layers") || !strings.Contains(err.Error(), small) {
 		t.Fatalf("checkRoom into a 1 MiB tmpfs: %v; want ResourceExhausted naming %s", err, small)
 	}
-	// The disk of the test's own temporary directory has room for 2 MiB.
-	if err := checkRoom(t.Context(), []layer{{chainID: "sha256:aa", src: src}}, base); err != nil {
+	// On the layer's own filesystem it is linked: nothing to check.
+	if err := r.checkRoom(t.Context(), []*layer{{chainID: "sha256:aa", src: src}}, base); err != nil {
 		t.Fatalf("checkRoom into %s: %v", base, err)
 	}
 }
 
-func TestCommonDir(t *testing.T) {
-	for _, c := range []struct {
-		dirs []string
-		want string
-	}{
-		{[]string{"/r/snapshots/12/fs"}, "/r/snapshots/12/fs"},
-		{[]string{"/r/snapshots/12/fs", "/r/snapshots/1/fs", "/r/snapshots/123/fs"}, "/r/snapshots"},
-		{[]string{"/r/l/a", "/r/l/ab"}, "/r/l"},
-		{[]string{"/a/x", "/b/y"}, "/"},
-	} {
-		if got := commonDir(c.dirs); got != c.want {
-			t.Errorf("commonDir(%q) = %q, want %q", c.dirs, got, c.want)
-		}
-	}
-}
-
 // TestDistinct: an image under several names (CRI's repo:tag, repo@digest
-// and ID) is moved once, under its tag, and the names are counted.
+// and ID) is moved once, under its tag.
 func TestDistinct(t *testing.T) {
 	a := ocispec.Descriptor{Digest: "sha256:aaaa"}
 	b := ocispec.Descriptor{Digest: "sha256:bbbb"}
@@ -272,13 +248,11 @@ func TestDistinct(t *testing.T) {
 		{Name: "sha256:idofb", Target: b},
 		{Name: "r/y:2", Target: b},
 	}
-	r := &run{sum: &Summary{}}
-	out := r.distinct(in)
 	var names []string
-	for _, img := range out {
+	for _, img := range distinct(in) {
 		names = append(names, img.Name)
 	}
-	if strings.Join(names, " ") != "r/x:1 r/y:2" || r.sum.Names != 5 {
-		t.Fatalf("distinct kept %v of 5 names (counted %d), want r/x:1 r/y:2", names, r.sum.Names)
+	if strings.Join(names, " ") != "r/x:1 r/y:2" {
+		t.Fatalf("distinct kept %v of 5 names, want r/x:1 r/y:2", names)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/urfave/cli/v2"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
+	"github.com/grouped-snapshotter/grouped-snapshotter/forget"
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
@@ -36,7 +36,7 @@ func forgetCommand() *cli.Command {
 				return fmt.Errorf("connect to containerd at %q: %w", address, err)
 			}
 			defer cl.Close()
-			results, err := migrate.Forget(c.Context, cl, c.String("snapshotter"))
+			results, err := forget.Snapshots(c.Context, cl, c.String("snapshotter"))
 			for _, r := range results {
 				fmt.Printf("namespace %s: %d snapshots forgotten", r.Namespace, r.Removed)
 				if len(r.Kept) > 0 {

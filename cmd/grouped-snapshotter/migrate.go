@@ -1,12 +1,16 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
@@ -43,7 +47,7 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			&cli.StringFlag{Name: "platform", Usage: "platform of the images' layers (default the host's)"},
 			&cli.StringFlag{Name: "lock-dir", Value: "/run", Usage: "directory of the lock file that keeps two runs apart"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "check that the run could go (containerd answers, every image can move, copies fit) and say what it would make; change nothing"},
-			&cli.StringFlag{Name: "destination-root", Usage: "root directory of the destination snapshotter, where --dry-run checks the room for copies (default: the root containerd reports for it)"},
+			&cli.StringFlag{Name: "destination-root", Usage: "root directory of the destination snapshotter, where the room for copies is checked (default: the root containerd reports for it)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -54,7 +58,6 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 				Images:    c.StringSlice("image"),
 				From:      c.String("overlayfs"),
 				To:        c.String("snapshotter"),
-				LockFile:  migrate.LockPath(c.String("lock-dir"), c.String("containerd-address"), c.String("namespace")),
 				DryRun:    c.Bool("dry-run"),
 
 				DestinationRoot: c.String("destination-root"),
@@ -73,17 +76,23 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			if _, err := os.Stat(address); err != nil {
 				return fmt.Errorf("containerd socket %q: %w (is containerd running? see --containerd-address)", address, err)
 			}
+			unlock, err := lockRuns(c.String("lock-dir"), address, opts.Namespace)
+			if err != nil {
+				return err
+			}
+			defer unlock()
 			cl, err := client.New(address, client.WithDefaultNamespace(opts.Namespace), client.WithTimeout(10*time.Second))
 			if err != nil {
 				return fmt.Errorf("connect to containerd at %q: %w", address, err)
 			}
 			defer cl.Close()
-			p := newProgressPrinter(os.Stderr, os.Stdout)
-			opts.Progress = p.update
+			opts.Progress = func(image string, index, images, layers, made int) {
+				fmt.Printf("[%d/%d] %s: %d layers, %d already there, %d made\n", index, images, image, layers, layers-made, made)
+			}
+			t0 := time.Now()
 			sum, err := migrate.Run(c.Context, cl, opts)
-			p.finish()
 			if err == nil || sum.Images+sum.Layers+sum.StaleRemoved > 0 {
-				printSummary(os.Stdout, name, sum)
+				printSummary(os.Stdout, name, opts, sum, time.Since(t0))
 			}
 			if err != nil {
 				return fmt.Errorf("%s from %s to %s (containerd at %s): %w", name, opts.From, opts.To, address, err)
@@ -93,65 +102,17 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 	}
 }
 
-// progressPrinter redraws one status line on a terminal; elsewhere it
-// prints a line per image done.
-type progressPrinter struct {
-	term      io.Writer // nil when stderr is not a terminal
-	lines     io.Writer
-	drawn     bool
-	lastDrawn time.Time
-}
-
-func newProgressPrinter(stderr *os.File, stdout io.Writer) *progressPrinter {
-	p := &progressPrinter{lines: stdout}
-	if _, err := unix.IoctlGetTermios(int(stderr.Fd()), unix.TCGETS); err == nil {
-		p.term = stderr
-	}
-	return p
-}
-
-func (p *progressPrinter) update(pr migrate.Progress) {
-	if pr.ImageCompleted {
-		p.clear()
-		fmt.Fprintf(p.lines, "[%d/%d] %s: %d layers, %d already there, %d made\n", pr.Index, pr.Images, pr.Image, pr.Layers, pr.LayersPresent, pr.Made)
-		return
-	}
-	if p.term == nil || time.Since(p.lastDrawn) < 100*time.Millisecond && pr.Layer != pr.Layers {
-		return
-	}
-	how := "linking"
-	if pr.Copying {
-		how = "COPYING"
-	}
-	status := fmt.Sprintf("[%d/%d] %s: planning", pr.Index, pr.Images, pr.Image)
-	if pr.Layer > 0 {
-		status = fmt.Sprintf("[%d/%d] %s: %s layer %d/%d (%s so far)", pr.Index, pr.Images, pr.Image, how, pr.Layer, pr.Layers,
-			humanBytes(pr.Stats.BytesLinked+pr.Stats.BytesCopied))
-	}
-	fmt.Fprintf(p.term, "\r\x1b[K%s", status)
-	p.drawn, p.lastDrawn = true, time.Now()
-}
-
-func (p *progressPrinter) clear() {
-	if p.drawn {
-		fmt.Fprint(p.term, "\r\x1b[K")
-		p.drawn = false
-	}
-}
-
-func (p *progressPrinter) finish() { p.clear() }
-
-func printSummary(w io.Writer, verb string, s migrate.Summary) {
+func printSummary(w io.Writer, verb string, o migrate.Options, s migrate.Summary, took time.Duration) {
 	for _, sk := range s.Skipped {
-		fmt.Fprintf(w, "skipped %s: %s\n", sk.Image, sk.Reason)
+		fmt.Fprintf(w, "skipped %s\n", sk)
 	}
 	images := fmt.Sprintf("%d images", s.Images)
 	if s.Names > s.Images+len(s.Skipped) {
 		images = fmt.Sprintf("%d images under %d names", s.Images, s.Names)
 	}
-	if s.DryRun {
-		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to hard-link, %s to copy) for %s, %d layers already there; %s\n",
-			verb, s.From, s.To, s.Layers, humanBytes(s.BytesToLink), humanBytes(s.BytesToCopy), images, s.LayersPresent, s.Duration.Round(time.Millisecond))
+	if o.DryRun {
+		fmt.Fprintf(w, "%s from %s to %s would make %d layers (%s to copy, the rest hard-linked) for %s, %d layers already there; %s\n",
+			verb, o.From, o.To, s.Layers, humanBytes(s.BytesCopied), images, s.LayersPresent, took.Round(time.Millisecond))
 		return
 	}
 	if s.StaleRemoved > 0 {
@@ -162,7 +123,28 @@ func printSummary(w io.Writer, verb string, s migrate.Summary) {
 		how = "COPIED where the roots are on different filesystems, linked elsewhere"
 	}
 	fmt.Fprintf(w, "%s from %s to %s: %s, %d layers made (%s), %d already there; %s linked, %s copied; %d files, %d directories; %s\n",
-		verb, s.From, s.To, images, s.Layers, how, s.LayersPresent,
-		humanBytes(s.Stats.BytesLinked), humanBytes(s.Stats.BytesCopied),
-		s.Stats.Links+s.Stats.Copies, s.Stats.Dirs, s.Duration.Round(time.Millisecond))
+		verb, o.From, o.To, images, s.Layers, how, s.LayersPresent, humanBytes(s.BytesLinked), humanBytes(s.BytesCopied),
+		s.Files, s.Dirs, took.Round(time.Millisecond))
+}
+
+// lockRuns takes the lock that keeps two runs against one containerd
+// namespace apart (each would remove the other's snapshots as stale): a
+// flock on a file in dir named after the address and namespace. The file
+// stays: a lock file never removed needs no check that its name still
+// leads to the file locked.
+func lockRuns(dir, address, namespace string) (func(), error) {
+	sum := sha256.Sum256([]byte(address + "\x00" + namespace))
+	path := filepath.Join(dir, "grouped-snapshotter-migrate-"+hex.EncodeToString(sum[:8])+".lock")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create lock directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
+	}
+	return func() { f.Close() }, nil
 }

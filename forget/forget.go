@@ -1,4 +1,9 @@
-package migrate
+// Package forget removes containerd's records of a snapshotter's
+// snapshots: containerd keeps its own record of each, which deleting the
+// snapshotter's root (uninstall --purge) does not remove, and a later
+// install would meet records of snapshots it does not have ("target
+// snapshot already exists", "missing parent").
+package forget
 
 import (
 	"context"
@@ -12,8 +17,8 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// ForgetResult says what Forget did in one containerd namespace.
-type ForgetResult struct {
+// Result says what Snapshots did in one containerd namespace.
+type Result struct {
 	Namespace string
 	// Removed are the snapshot keys containerd no longer records.
 	Removed int
@@ -21,21 +26,18 @@ type ForgetResult struct {
 	Kept []string
 }
 
-// Forget removes every snapshot containerd records for snapshotter, in
+// Snapshots removes every snapshot containerd records for snapshotter, in
 // every namespace, children before parents, except those a container still
-// uses and their parents. containerd keeps a record of each snapshot in its
-// own metadata: deleting grouped's root (uninstall --purge) does not remove
-// them, and a later install would find records of snapshots it does not
-// have ("target snapshot already exists", "missing parent"). It needs
-// containerd with the snapshotter configured and its daemon answering:
-// containerd lists a snapshotter's records through it.
-func Forget(ctx context.Context, c *client.Client, snapshotter string) ([]ForgetResult, error) {
+// uses and their parents. It needs containerd with the snapshotter
+// configured and its daemon answering: containerd lists a snapshotter's
+// records through it.
+func Snapshots(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
 	nss, err := c.NamespaceService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("forget %s's snapshots: list containerd namespaces: %w", snapshotter, err)
 	}
 	sort.Strings(nss)
-	var out []ForgetResult
+	var out []Result
 	for _, ns := range nss {
 		r, err := forgetIn(namespaces.WithNamespace(ctx, ns), c, snapshotter)
 		r.Namespace = ns
@@ -49,8 +51,8 @@ func Forget(ctx context.Context, c *client.Client, snapshotter string) ([]Forget
 	return out, nil
 }
 
-func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (ForgetResult, error) {
-	var r ForgetResult
+func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result, error) {
+	var r Result
 	sn := c.SnapshotService(snapshotter)
 	parent := map[string]string{}
 	children := map[string]int{}
