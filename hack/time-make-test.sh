@@ -17,10 +17,16 @@ git clone -q "$repo" "$work/clone"
 missing=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' hack/apt-packages.txt | while read -r p; do
 	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || echo "$p"
 done | paste -sd, -)
+# The machine's load beside the run, sampled each minute: a figure from a
+# machine busy with other work is an upper bound, and the README says so.
+(while sleep 60; do cut -d' ' -f1 /proc/loadavg; done) >"$work/load" &
+sampler=$!
 start=$(date +%s)
 status=0
 (cd "$work/clone" && GOCACHE="$work/gocache" GOMODCACHE="$work/gomod" make test) >"$work/log" 2>&1 || status=$?
 end=$(date +%s)
+kill "$sampler"
+load=$(awk '{s+=$1; n++} END {printf "%.1f", n ? s/n : 0}' "$work/load")
 passed=$(grep -c -- '--- PASS' "$work/log" || true)
 mkdir -p "$(dirname "$out")"
 cat >"$out" <<JSON
@@ -31,6 +37,7 @@ cat >"$out" <<JSON
   "exit_status": $status,
   "tests_passed": $passed,
   "cores": $(nproc),
+  "mean_load_average": $load,
   "go": "$(go env GOVERSION)",
   "apt_installed_by_the_run": "$missing"
 }

@@ -468,7 +468,11 @@ func Sections(root string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout}, nil
+	makeTest, err := readMakeTest(root)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout, "make-test": makeTest}, nil
 }
 
 // RenderREADME returns readme with every generated section replaced.

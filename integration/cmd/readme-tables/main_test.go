@@ -39,7 +39,7 @@ func TestREADMECurrent(t *testing.T) {
 // copyResults copies the committed results files into a scratch root.
 func copyResults(t *testing.T, root string) {
 	t.Helper()
-	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile} {
+	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.MakeTestFile} {
 		data, err := os.ReadFile(filepath.Join("..", "..", "..", f))
 		if err != nil {
 			t.Fatal(err)
@@ -62,7 +62,7 @@ func copyResults(t *testing.T, root string) {
 func TestRunRewrites(t *testing.T) {
 	root := t.TempDir()
 	copyResults(t, root)
-	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n"
+	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n<!-- BEGIN make-test -->\n23 min typed\n<!-- END make-test -->\n"
 	bench := "# b\n\n<!-- BEGIN compat (generated) -->\n| typed too |\n<!-- END compat -->\nend\n"
 	readmePath, benchPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md")
 	for path, text := range map[string]string{readmePath: readme, benchPath: bench} {
@@ -80,7 +80,7 @@ func TestRunRewrites(t *testing.T) {
 		t.Fatalf("-check after a rewrite: %v", err)
 	}
 	for path, wants := range map[string][]string{
-		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false", "s per GiB", "<!-- END rollout -->\n"},
+		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false", "s per GiB", "<!-- END rollout -->\n", "`make test`\ntook "},
 		benchPath:  {"# b\n\n<!-- BEGIN compat (generated) -->\n| containerd | plain start, ", "<!-- END compat -->\nend\n"},
 	} {
 		data, _ := os.ReadFile(path)
