@@ -11,17 +11,18 @@ import (
 	"os"
 	"strings"
 
-	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
-// Capabilities are what containerd must be told the snapshotter supports.
-// An in-process plugin reports them itself; for the proxy plugin they go in
-// containerd's config (proxy_plugins.grouped.capabilities).
-var Capabilities = []string{"remap-ids", snapshots.RebaseCap}
+// Capabilities are what containerd must be told the snapshotter supports:
+// the in-process plugin declares them, and the proxy plugin's entry in
+// containerd's config (proxy_plugins.grouped.capabilities, written by
+// install.sh) lists the same. Never "rebase": containerd's parallel unpack
+// loses whiteouts and parent directories' owners, and Commit refuses it.
+var Capabilities = []string{"remap-ids"}
 
 const (
 	// Name is the snapshotter's name in containerd (proxy_plugins.<Name>).
