@@ -20,13 +20,7 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 		add("containerd", Fail, "containerd socket %s: %v", o.ContainerdAddress, err)
 		return
 	}
-	c, err := containerdversion.New(o.ContainerdAddress)
-	if err != nil {
-		add("containerd", Fail, "%v", err)
-		return
-	}
-	defer c.Close()
-	major, minor, err := c.Release(ctx)
+	major, minor, err := containerdversion.Ask(ctx, o.ContainerdAddress)
 	switch {
 	case err != nil:
 		add("containerd", Fail, "containerd at %s: %v", o.ContainerdAddress, err)
