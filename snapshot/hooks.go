@@ -16,6 +16,9 @@ var testHooks struct {
 	// makeMappedParent runs in a creation before it mounts its mapping's
 	// mapped parent; an error stands for the kernel's.
 	makeMappedParent func() error
+	// removingDirs runs in Remove after its transaction, before it removes
+	// the snapshot's directories.
+	removingDirs func()
 	// orphansListed runs in RemoveOrphans once the orphans are moved out of
 	// place, before any is removed.
 	orphansListed func()

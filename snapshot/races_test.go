@@ -28,7 +28,43 @@ func resetHooks(t *testing.T) {
 		testHooks.createFailed = nil
 		testHooks.orphansListed = nil
 		testHooks.makeMappedParent = nil
+		testHooks.removingDirs = nil
 	})
+}
+
+// TestRemoveHoldsNoLockWhileRemovingDirectories: while a removal deletes a
+// snapshot's directories, which takes long for a large layer, another
+// snapshot of the same mapping (a pod's next container) is prepared. It
+// must not wait for the directories.
+func TestRemoveHoldsNoLockWhileRemovingDirectories(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	for _, key := range []string{"a", "b"} {
+		if _, err := sn.Prepare(ctx, key, top, remap("100000")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testHooks.removingDirs = func() {
+		testHooks.removingDirs = nil
+		prepared := make(chan error, 1)
+		go func() {
+			_, err := sn.Prepare(ctx, "c", top, remap("100000"))
+			prepared <- err
+		}()
+		select {
+		case err := <-prepared:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Prepare of the same mapping waited for a removal's directories")
+			t.Cleanup(func() { <-prepared })
+		}
+	}
+	if err := sn.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads

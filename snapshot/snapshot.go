@@ -580,9 +580,35 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 }
 
 func (s *Snapshotter) remove(ctx context.Context, key string) error {
-	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	id, err := s.removeMetadata(ctx, key)
 	if err != nil {
 		return err
+	}
+	if testHooks.removingDirs != nil {
+		testHooks.removingDirs()
+	}
+	// No lock is held: a committed removal's ID is never handed out again,
+	// so nothing can take these paths meanwhile.
+	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
+		path, err := dir(id)
+		if err != nil {
+			return err
+		}
+		if err := os.RemoveAll(path); err != nil {
+			// The snapshot is gone; Cleanup will retry the directory.
+			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
+		}
+	}
+	return nil
+}
+
+// removeMetadata removes snapshot key from the metadata and unmounts its
+// mapped parent if it was the last user, under its mapping's lock, and
+// returns its ID.
+func (s *Snapshotter) removeMetadata(ctx context.Context, key string) (string, error) {
+	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	if err != nil {
+		return "", err
 	}
 	defer unlock()
 	var id, freed string
@@ -601,22 +627,10 @@ func (s *Snapshotter) remove(ctx context.Context, key string) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
 	s.dropMappedParent(ctx, freed)
-	// A committed removal's ID is never handed out again, so nothing can
-	// take these paths meanwhile.
-	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
-		path, err := dir(id)
-		if err != nil {
-			return err
-		}
-		if err := os.RemoveAll(path); err != nil {
-			// The snapshot is gone; Cleanup will retry the directory.
-			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
-		}
-	}
-	return nil
+	return id, nil
 }
 
 // Walk calls fn for every snapshot matching the filters.
