@@ -335,6 +335,18 @@ func TestStaleDirectoryOfCrashedCreate(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(stale, "leftover")); !os.IsNotExist(err) {
 		t.Errorf("the new snapshot inherited a crashed creation's files")
 	}
+	// The leftover waits in t/ for Cleanup: removing a large tree inside
+	// the creation's transaction would hold up every other write.
+	aside, _ := filepath.Glob(filepath.Join(sn.Root(), tempDir, "*", next, "leftover"))
+	if len(aside) != 1 {
+		t.Errorf("the stale directory was not moved into t/: %v", listTree(t, sn.Root()))
+	}
+	if err := sn.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(sn.Root(), tempDir)); len(left) != 0 {
+		t.Errorf("Cleanup left %v in t/", left)
+	}
 }
 
 func TestReopenKeepsSnapshots(t *testing.T) {

@@ -820,7 +820,8 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 		return
 	}
 	for _, dir := range dirs {
-		if err := os.RemoveAll(dir); err != nil {
+		// Fresh directories, empty: nothing was mounted on them yet.
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
 		}
 	}
@@ -951,7 +952,7 @@ func (s *Snapshotter) moveIntoPlace(id, upper, work string) (undo func(), err er
 		if err != nil {
 			return undo, err
 		}
-		if err := renameOverStale(from, to); err != nil {
+		if err := s.renameOverStale(from, to); err != nil {
 			return undo, err
 		}
 		moved = append(moved, [2]string{from, to})
@@ -962,19 +963,33 @@ func (s *Snapshotter) moveIntoPlace(id, upper, work string) (undo func(), err er
 // renameOverStale renames from to to. Something already at to is the
 // leftover of a creation with the same ID whose transaction never committed
 // (a crash, or a failed commit, hands its ID out again): the caller's
-// transaction holds that ID now, so it is removed first.
-func renameOverStale(from, to string) error {
+// transaction holds that ID now, so it is moved into t/ for Cleanup, not
+// removed while the transaction waits.
+func (s *Snapshotter) renameOverStale(from, to string) error {
 	err := os.Rename(from, to)
 	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTDIR) {
-		if err := os.RemoveAll(to); err != nil {
-			return fmt.Errorf("remove stale %q: %w", to, err)
+		if _, err = s.moveToTemp(to, "stale-"); err == nil {
+			err = os.Rename(from, to)
 		}
-		err = os.Rename(from, to)
 	}
 	if err != nil {
 		return fmt.Errorf("move new snapshot directory into place: %w", err)
 	}
 	return nil
+}
+
+// moveToTemp moves path into a new directory under t/, whose name starts
+// with prefix, and returns that directory.
+func (s *Snapshotter) moveToTemp(path, prefix string) (string, error) {
+	dir, err := os.MkdirTemp(filepath.Join(s.root, tempDir), prefix)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Rename(path, filepath.Join(dir, filepath.Base(path))); err != nil {
+		os.Remove(dir)
+		return "", fmt.Errorf("move %q out of place: %w", path, err)
+	}
+	return dir, nil
 }
 
 // mounts builds the one mount of a snapshot: a bind for a snapshot without
@@ -1068,9 +1083,9 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 				return err
 			}
 			for _, dir := range orphans {
-				to := filepath.Join(s.root, tempDir, "gc-"+filepath.Base(filepath.Dir(dir))+"-"+filepath.Base(dir))
-				if err := renameOverStale(dir, to); err != nil {
-					errs = append(errs, fmt.Errorf("move orphan %q out of place: %w", dir, err))
+				to, err := s.moveToTemp(dir, "gc-")
+				if err != nil {
+					errs = append(errs, err)
 					continue
 				}
 				garbage = append(garbage, orphan{dir, to})
