@@ -3,6 +3,7 @@ package snapshot
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,8 +140,9 @@ func TestMappedParentModeSharesOnePerMapping(t *testing.T) {
 	}
 }
 
-// TestMappedParentModeRestartRemounts: a restart reuses the mapped parents
-// still mounted and removes stale ones; after a reboot it mounts them again.
+// TestMappedParentModeRestartRemounts: a start unmounts every mapped parent
+// and mounts again those the registry holds, stale ones never; Mounts then
+// makes no mount syscall.
 func TestMappedParentModeRestartRemounts(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -172,8 +174,12 @@ func TestMappedParentModeRestartRemounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn2.Close()
-	if got := mappedMounts(t, sn); len(got) != 2 {
-		t.Fatalf("shim mode must not touch mapped parents: %v", got)
+	// A crash between that removal's commit and its unmount leaves a mount.
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", stale, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
 	}
 
 	sn, err = New(root, Config{})
@@ -199,10 +205,10 @@ func TestMappedParentModeRestartRemounts(t *testing.T) {
 	if sn, err = New(root, Config{}); err != nil {
 		t.Fatal(err)
 	}
-	// open_tree, mount_setattr and move_mount of the one mapped parent,
-	// and making v/ private again.
-	if n := sn.mapped.Syscalls(); n != 4 {
-		t.Errorf("start remounting the mapped parent made %d mount syscalls, want 4", n)
+	// Unmounting v/'s own bind, binding and making it private again, and
+	// open_tree, mount_setattr and move_mount of the one mapped parent.
+	if n := sn.mapped.Syscalls(); n != 6 {
+		t.Errorf("start remounting the mapped parent made %d mount syscalls, want 6", n)
 	}
 	m, err := sn.Mounts(ctx, "c")
 	if err != nil {
@@ -238,5 +244,69 @@ func TestMappedParentMode500Layers(t *testing.T) {
 	}
 	if uid := fileOwner(t, filepath.Join(target, "f500")); uid != 100000 {
 		t.Errorf("top layer file owner: %d, want 100000", uid)
+	}
+}
+
+// TestShimModeUnmountsMappedParents: a root switched to idmap = "shim" uses
+// no mapped parent, so its start unmounts those a mapped-parent run left,
+// and removing their snapshots leaves nothing mounted either.
+func TestShimModeUnmountsMappedParents(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	if got := mappedMounts(t, sn); len(got) != 1 {
+		t.Fatalf("mapped parents: %v, want one", got)
+	}
+	sn.Close()
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAndUnmount(t, shim) })
+	if left, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(root, mappedDir))); len(left) != 0 {
+		t.Errorf("mounts left under v/ by a start in shim mode: %d", len(left))
+	}
+	if got := shim.Startup().MappedParentsRemoved; len(got) != 1 {
+		t.Errorf("start in shim mode reported %v removed, want the one mapped parent", got)
+	}
+	m, err := shim.Mounts(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m[0].Options, "uidmap=0:100000:65536") {
+		t.Errorf("shim mode mounts of c: %v, want the shim's uidmap=", m[0].Options)
+	}
+}
+
+// TestMappedParentNamedByMapping: a mapping's mapped parent is named by the
+// mapping itself, the same name each time it is made, on any root, so no
+// counter is kept and no name needs checking for a second owner.
+func TestMappedParentNamedByMapping(t *testing.T) {
+	m, err := idmap.FromLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:100000:65536"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		sn, ctx := newSnapshotter(t)
+		top := commitChain(t, sn, ctx, 2)
+		for _, key := range []string{"a", "b"} {
+			if _, err := sn.Prepare(ctx, key, top, remap("100000")); err != nil {
+				t.Fatal(err)
+			}
+			if got := mappedMounts(t, sn); len(got) != 1 || filepath.Base(got[0]) != mappedName(m) {
+				t.Errorf("mapped parents %v, want one named %s", got, mappedName(m))
+			}
+			if err := sn.Remove(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -103,9 +103,6 @@ type Snapshotter struct {
 	// containerdRelease: see Config.ContainerdRelease.
 	containerdRelease func(ctx context.Context) (major, minor int, err error)
 	startup           StartupReport
-	// nextMapped is the next mapped-parent name (base 36) this process hands
-	// out; names are never handed out twice (see mapped.go).
-	nextMapped atomic.Uint64
 	// mappingLocks hold, per mapping, every change of its registry entry
 	// and of its mapped parent's mount (see lockMapping).
 	mappingLocks *locker.Locker
@@ -203,19 +200,23 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
+	// Every mode starts with nothing mounted under v/; reconcile mounts the
+	// registered mapped parents again in the modes that use them.
+	var unmounted []string
 	if cfg.IDMap != IDMapShim {
-		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir)); err != nil {
-			ms.Close()
-			return nil, err
-		}
+		s.mapped, unmounted, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
+	} else {
+		unmounted, err = idmount.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
 	}
-	next, err := s.migrateFormat(context.Background())
 	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	if err := s.migrateFormat(context.Background()); err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.nextMapped.Store(next)
-	if err := s.reconcile(context.Background()); err != nil {
+	if err := s.reconcile(context.Background(), unmounted); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -398,7 +399,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if mapping, err = idmap.FromLabels(info.Labels); err != nil {
 			return err
 		}
-		if s.needsMappedParent(snap, mapping) {
+		if s.mapped != nil && mayUseMappedParent(snap, mapping) {
 			var isUser bool
 			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
 				if s.idmap == IDMapMappedParent {
@@ -423,12 +424,12 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	return nil, fmt.Errorf("mounts of %q: %w", key, err)
 }
 
-// needsMappedParent reports whether snap's layers may be shown through an
-// idmapped mapped parent: remapped, with layers, in a mode with mapped
-// parents. In auto mode, a snapshot is a mapped parent's user only if
-// newUsesMappedParent said so when it was made.
-func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
-	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
+// mayUseMappedParent reports whether snap may read its layers through a
+// mapped parent: remapped, with layers, and not committed. Whether it does
+// is in the registry: in auto mode newUsesMappedParent chose when it was
+// made, and shim mode mounts no mapped parent at all.
+func mayUseMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
+	return mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
 // lockMapping takes the lock of mapping m, nil for none, and returns its
@@ -483,11 +484,11 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	if s.mapped == nil || name == "" {
 		return
 	}
-	if err := s.mapped.Remove(name); err != nil {
-		log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused mapped parent; the next start removes it")
+	if err := s.mapped.Unmount(name); err != nil {
+		log.G(ctx).WithError(err).WithField("mapped_parent", name).Warn("failed to remove unused mapped parent; the next start removes it")
 		return
 	}
-	log.G(ctx).WithField("view", name).Debug("removed mapped parent: its last snapshot is gone")
+	log.G(ctx).WithField("mapped_parent", name).Debug("removed mapped parent: its last snapshot is gone")
 }
 
 // Commit turns an active snapshot into a committed one named name.
@@ -769,7 +770,7 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 			}
 		}
 		if mappedName != "" {
-			if err := useMappedParent(tx, mapping, snap.ID, mappedName, isNew); err != nil {
+			if err := useMappedParent(tx, mapping, snap.ID, mappedName); err != nil {
 				return err
 			}
 		}
@@ -870,21 +871,22 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 	if err != nil {
 		return "", false, err
 	}
-	if name == "" {
-		name, isNew = strconv.FormatUint(s.nextMapped.Add(1)-1, 36), true
-	}
 	if testHooks.makeMappedParent != nil {
 		if err := testHooks.makeMappedParent(); err != nil {
 			return "", false, err
 		}
 	}
-	if err := s.mapped.Ensure(name, m); err != nil {
-		if isNew {
-			s.dropMappedParent(ctx, name)
-		}
+	if name != "" {
+		// A registered mapped parent was mounted at start or by the
+		// creation that registered it.
+		return name, false, nil
+	}
+	name = mappedName(m)
+	if err := s.mapped.Mount(name, m); err != nil {
+		s.dropMappedParent(ctx, name)
 		return "", false, err
 	}
-	return name, isNew, nil
+	return name, true, nil
 }
 
 // mkdirTemp makes a new directory under t/ with mode perm.
@@ -1180,8 +1182,6 @@ func (s *Snapshotter) ownerless(ctx context.Context) ([]string, error) {
 // directory, for uninstalling and tests. Call it after Close; running
 // containers keep working.
 func (s *Snapshotter) UnmountMappedParents() error {
-	if s.mapped == nil {
-		return nil
-	}
-	return s.mapped.UnmountAll()
+	_, err := idmount.UnmountAll(filepath.Join(s.root, mappedDir))
+	return err
 }
