@@ -32,6 +32,41 @@ func resetHooks(t *testing.T) {
 	})
 }
 
+// TestCleanupWaitsForNoMappedParentMount: a creation is mounting its
+// mapping's new mapped parent (a user namespace is forked for it) when
+// Cleanup runs, and then a plain creation. Neither may wait for the mount:
+// a creation's temporary directories exist only inside its transaction.
+func TestCleanupWaitsForNoMappedParentMount(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	testHooks.makeMappedParent = func() error {
+		testHooks.makeMappedParent = nil
+		done := make(chan error, 2)
+		go func() { done <- sn.Cleanup(ctx) }()
+		go func() {
+			time.Sleep(50 * time.Millisecond) // Cleanup first
+			_, err := sn.Prepare(ctx, "plain", top)
+			done <- err
+		}()
+		for range 2 {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("Cleanup or a plain Prepare waited for another mapping's mapped-parent mount")
+				t.Cleanup(func() { <-done })
+			}
+		}
+		return nil
+	}
+	if _, err := sn.Prepare(ctx, "mapped", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRemoveHoldsNoLockWhileRemovingDirectories: while a removal deletes a
 // snapshot's directories, which takes long for a large layer, another
 // snapshot of the same mapping (a pod's next container) is prepared. It

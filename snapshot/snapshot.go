@@ -106,9 +106,6 @@ type Snapshotter struct {
 	// mappingLocks hold, per mapping, every change of its registry entry
 	// and of its mapped parent's mount (see lockMapping).
 	mappingLocks *locker.Locker
-	// tempMu is held shared by a creation from its temporary directory to
-	// its transaction's end, and exclusively by Cleanup while it lists t/.
-	tempMu sync.RWMutex
 
 	closeOnce sync.Once
 	closeErr  error
@@ -647,10 +644,11 @@ func (s *Snapshotter) Close() error {
 	return s.closeErr
 }
 
-// create makes a snapshot as containerd's overlay snapshotter does: its
-// directories are made under t/ first, then renamed into l/ and w/ inside
-// the metadata transaction that creates it, so a snapshot's directories
-// exist under their final names only once its ID is taken.
+// create makes a snapshot as containerd's overlay snapshotter does: one
+// write transaction takes its ID, makes its directories under t/ and
+// renames them into l/ and w/, so a snapshot's directories exist under
+// their final names only once its ID is taken, and temporary ones only
+// inside a transaction.
 //
 // A remapped snapshot with layers reads them through its mapping's mapped
 // parent. Under the mapping's lock, create finds the registered mapped
@@ -676,39 +674,6 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	mapping, err := idmap.FromLabels(requested.Labels)
 	if err != nil {
 		return nil, err
-	}
-
-	// A view of layers needs no directory of its own; a view of nothing
-	// binds an empty one, as containerd's overlayfs does. Only an overlay
-	// (an active snapshot with a parent) uses a work directory.
-	var upper, work string
-	if kind == snapshots.KindActive || parent == "" {
-		s.tempMu.RLock()
-		defer s.tempMu.RUnlock()
-		// The temporary directories become the snapshot's own by their
-		// rename: a creation deletes no directory, since on ext4 without a
-		// journal every recently deleted inode slows the next allocations.
-		defer func() {
-			if retErr == nil {
-				return
-			}
-			for _, dir := range []string{upper, work} {
-				if dir == "" {
-					continue
-				}
-				if err := os.RemoveAll(dir); err != nil {
-					log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove temporary directory, left for cleanup")
-				}
-			}
-		}()
-		if upper, err = s.mkdirTemp("new-", 0o755); err != nil {
-			return nil, err
-		}
-		if kind == snapshots.KindActive && parent != "" {
-			if work, err = s.mkdirTemp("work-", 0o711); err != nil {
-				return nil, err
-			}
-		}
 	}
 
 	var (
@@ -745,13 +710,11 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
 			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
-		if upper != "" {
-			if err := s.chownUpper(upper, snap, mapping); err != nil {
-				return err
-			}
+		// A view of layers needs no directory of its own; a view of nothing
+		// binds an empty one, as containerd's overlayfs does.
+		if kind == snapshots.KindActive || parent == "" {
 			var undo func()
-			if undo, err = s.moveIntoPlace(snap.ID, upper, work); err != nil {
-				undo()
+			if undo, err = s.makeDirs(snap, mapping); err != nil {
 				return err
 			}
 			placed = snap.ID
@@ -889,17 +852,58 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 	return name, true, nil
 }
 
-// mkdirTemp makes a new directory under t/ with mode perm.
-func (s *Snapshotter) mkdirTemp(prefix string, perm os.FileMode) (string, error) {
-	dir, err := os.MkdirTemp(filepath.Join(s.root, tempDir), prefix)
-	if err != nil {
-		return "", fmt.Errorf("create temporary directory: %w", err)
+// makeDirs makes snap's upper directory, and its work directory for an
+// overlay, under t/, where ext4 spreads new directories over block groups
+// (see markTopDir), gives the upper its owner and renames them to snap's
+// names, inside the transaction that took snap's ID. undo removes them,
+// still empty, before that transaction rolls back.
+func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (undo func(), err error) {
+	var made []string
+	undo = func() {
+		for _, dir := range made {
+			if err := os.Remove(dir); err != nil {
+				log.L.WithError(err).WithField("path", dir).Warn("failed to remove the directory of a failed creation, left for cleanup")
+			}
+		}
 	}
-	if err := os.Chmod(dir, perm); err != nil {
-		os.Remove(dir)
-		return "", fmt.Errorf("create temporary directory: %w", err)
+	defer func() {
+		if err != nil {
+			undo()
+		}
+	}()
+	type dir struct {
+		prefix string
+		perm   os.FileMode
+		path   func(string) (string, error)
 	}
-	return dir, nil
+	dirs := []dir{{"new-", 0o755, s.layerPath}}
+	if snap.Kind == snapshots.KindActive && len(snap.ParentIDs) > 0 {
+		dirs = append(dirs, dir{"work-", 0o711, s.workPath})
+	}
+	for i, d := range dirs {
+		tmp, err := os.MkdirTemp(filepath.Join(s.root, tempDir), d.prefix)
+		if err != nil {
+			return nil, fmt.Errorf("create temporary directory: %w", err)
+		}
+		made = append(made, tmp)
+		if err := os.Chmod(tmp, d.perm); err != nil {
+			return nil, fmt.Errorf("create temporary directory: %w", err)
+		}
+		if i == 0 {
+			if err := s.chownUpper(tmp, snap, mapping); err != nil {
+				return nil, err
+			}
+		}
+		to, err := d.path(snap.ID)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.renameOverStale(tmp, to); err != nil {
+			return nil, err
+		}
+		made[len(made)-1] = to
+	}
+	return undo, nil
 }
 
 // chownUpper gives a new upper directory its owner: the mapped root of a
@@ -931,35 +935,6 @@ func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *i
 		return fmt.Errorf("chown upper %q to %d:%d: %w", upper, uid, gid, err)
 	}
 	return nil
-}
-
-// moveIntoPlace renames a new snapshot's upper (and work directory, if any)
-// to the names of snapshot id, inside the transaction that took id. undo
-// moves back what it moved.
-func (s *Snapshotter) moveIntoPlace(id, upper, work string) (undo func(), err error) {
-	var moved [][2]string
-	undo = func() {
-		for _, m := range moved {
-			if err := os.Rename(m[1], m[0]); err != nil {
-				log.L.WithError(err).WithField("path", m[1]).Warn("failed to move back the directory of a failed creation, left for cleanup")
-			}
-		}
-	}
-	targets := []func(string) (string, error){s.layerPath, s.workPath}
-	for i, from := range []string{upper, work} {
-		if from == "" {
-			continue
-		}
-		to, err := targets[i](id)
-		if err != nil {
-			return undo, err
-		}
-		if err := s.renameOverStale(from, to); err != nil {
-			return undo, err
-		}
-		moved = append(moved, [2]string{from, to})
-	}
-	return undo, nil
 }
 
 // renameOverStale renames from to to. Something already at to is the
@@ -1060,42 +1035,40 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 // RemoveOrphans removes what Orphans lists and returns the directories it
 // removed, logging each one. It removes all it can and reports every failure.
 //
-// An orphan under l/ or w/ is named after a snapshot ID that no committed
-// transaction holds, which the next creation may take: it is moved into t/
-// inside a write transaction, which keeps creations out meanwhile, and
-// removed from there outside any transaction, so that a large orphan holds
-// no other call up.
+// It lists them inside a write transaction, so that no creation is under
+// way (their temporary directories exist only inside their transactions)
+// and none can take an orphan's name, which is the ID of a transaction that
+// never committed: orphans under l/ and w/ are moved into t/ there. They are
+// removed from t/ after the transaction, so that a large orphan holds no
+// other call up.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	type orphan struct{ path, now string }
 	var (
 		garbage []orphan
 		errs    []error
 	)
-	// No creation is between its temporary directory and its transaction's
-	// end while t/ is listed.
-	s.tempMu.Lock()
-	temps, err := s.tempDirs()
-	for _, dir := range temps {
-		garbage = append(garbage, orphan{dir, dir})
-	}
-	if err == nil {
-		err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-			orphans, err := s.ownerless(ctx)
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		temps, err := s.tempDirs()
+		if err != nil {
+			return err
+		}
+		for _, dir := range temps {
+			garbage = append(garbage, orphan{dir, dir})
+		}
+		orphans, err := s.ownerless(ctx)
+		if err != nil {
+			return err
+		}
+		for _, dir := range orphans {
+			to, err := s.moveToTemp(dir, "gc-")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
-			for _, dir := range orphans {
-				to, err := s.moveToTemp(dir, "gc-")
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				garbage = append(garbage, orphan{dir, to})
-			}
-			return nil
-		})
-	}
-	s.tempMu.Unlock()
+			garbage = append(garbage, orphan{dir, to})
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
@@ -1117,27 +1090,28 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	return removed, nil
 }
 
-// Orphans lists the directories Cleanup would remove.
+// Orphans lists the directories Cleanup would remove. It reads in a write
+// transaction, rolled back, so that no creation is under way.
 func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
-	s.tempMu.Lock()
-	defer s.tempMu.Unlock()
+	ctx, t, err := s.ms.TransactionContext(ctx, true)
+	if err != nil {
+		return nil, fmt.Errorf("find orphaned directories: %w", err)
+	}
+	defer t.Rollback()
 	orphans, err := s.tempDirs()
 	if err != nil {
 		return nil, err
 	}
-	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		ownerless, err := s.ownerless(ctx)
-		orphans = append(orphans, ownerless...)
-		return err
-	})
+	ownerless, err := s.ownerless(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
-	return orphans, nil
+	return append(orphans, ownerless...), nil
 }
 
-// tempDirs lists t/: temporary directories of creations that are not under
-// way (the caller holds tempMu), and orphans moved there to be removed.
+// tempDirs lists t/: temporary directories of creations that did not
+// finish (the caller's write transaction keeps those under way out), and
+// orphans moved there to be removed.
 func (s *Snapshotter) tempDirs() ([]string, error) {
 	parent := filepath.Join(s.root, tempDir)
 	entries, err := os.ReadDir(parent)
