@@ -38,7 +38,8 @@ type MappedParent struct {
 	Users int `json:"users"`
 	// Path is where it is mounted when in use.
 	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now (they are made lazily).
+	// Mounted tells whether a mount is at Path now: a mapped parent is
+	// mounted from its first user's creation, and again at every start.
 	Mounted bool `json:"mounted"`
 }
 

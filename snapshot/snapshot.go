@@ -7,10 +7,10 @@
 //	metadata.db  containerd's snapshot MetaStore (bbolt)
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
-//	t/           new snapshots' directories before their transaction
-//	             renames them into l/ and w/, and orphans being removed
-//	v/<n>        mapped parents: read-only idmapped mounts of l/, one per UID/GID mapping
-//	             in use (idmap mode "view"); v/ is a private bind mount
+//	t/           new snapshots' directories, made and renamed into l/ and
+//	             w/ inside their transaction, and orphans being removed
+//	v/<hash>     mapped parents: read-only idmapped mounts of l/, one per
+//	             UID/GID mapping in use; v/ is a private bind mount
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
 // enough that the lowerdirs of a 500-layer chain fit one page once
@@ -47,7 +47,6 @@ import (
 
 const (
 	layersDir = "l"
-	workDir   = "work"
 	worksDir  = "w"
 	tempDir   = "t"
 	mappedDir = "v"
@@ -225,11 +224,6 @@ func (s *Snapshotter) Root() string { return s.root }
 
 // LayersDir returns the shared parent directory of every layer.
 func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
-
-// MappedParentsDir returns the directory the mapped parents (idmapped mounts
-// of LayersDir) are mounted in: mapped parent <name> of LayersDir()/<layer> is
-// MappedParentsDir()/<name>/<layer>.
-func (s *Snapshotter) MappedParentsDir() string { return filepath.Join(s.root, mappedDir) }
 
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
