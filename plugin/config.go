@@ -138,16 +138,23 @@ func (c Config) Validate() error {
 		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim:
+	case snapshot.IDMapAuto, snapshot.IDMapMapped, snapshot.IDMapShim, idmapView:
 	default:
-		return fmt.Errorf("idmap %q must be %q, %q or %q: %w", c.IDMap, snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q, %q or %q: %w", c.IDMap, snapshot.IDMapAuto, snapshot.IDMapMapped, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
+// idmapView is the mapped-parent mode's release-1 name, deprecated.
+const idmapView = "view"
+
 // SnapshotterConfig is the part of Config the snapshotter itself uses.
 func (c Config) SnapshotterConfig() snapshot.Config {
-	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions}
+	mode := snapshot.IDMapMode(c.IDMap)
+	if mode == idmapView {
+		mode = snapshot.IDMapMapped
+	}
+	return snapshot.Config{IDMap: mode, MountOptions: c.MountOptions}
 }
 
 // Deprecations returns a warning for each deprecated key the config sets.
@@ -157,6 +164,9 @@ func (c Config) Deprecations() []string {
 	var out []string
 	if c.SysmonPolling != nil {
 		out = append(out, "sysmon_polling is deprecated and ignored: the daemon no longer re-executes itself to keep Go's system monitor polling; remove the key, it will be refused in the next release")
+	}
+	if c.IDMap == idmapView {
+		out = append(out, `idmap = "view" is deprecated: it is now called "mapped" (containerd calls its read-only snapshots views); it works the same, and will be refused in a later release`)
 	}
 	if c.UsernsSpares != nil {
 		out = append(out, "userns_spares is deprecated and ignored: user namespaces for mapped parents come from containerd's helper, with no spare processes; remove the key, it will be refused in the next release")

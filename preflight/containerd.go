@@ -32,8 +32,8 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 	}
 	// containerd 2.3 and later read the shim's uidmap= shape unmapped when
 	// they diff a container; "auto" gives them that shape.
-	if o.IDMap == "view" && !snapshot.AutoUsesMappedParents(major, minor) {
-		add("containerd-idmap", Warn, "idmap = \"view\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
+	if o.IDMap == string(snapshot.IDMapMapped) && !snapshot.AutoUsesMappedParents(major, minor) {
+		add("containerd-idmap", Warn, "idmap = \"mapped\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
 	}
 }
 

@@ -39,7 +39,7 @@ type Options struct {
 	Name string
 	// Root and Address are the daemon's root and socket.
 	Root, Address string
-	// IDMap is the configured idmap mode ("auto", "view" or "shim").
+	// IDMap is the configured idmap mode ("auto", "mapped" or "shim").
 	IDMap string
 	// ContainerdAddress is containerd's gRPC socket.
 	ContainerdAddress string

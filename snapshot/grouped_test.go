@@ -20,7 +20,7 @@ import (
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
-	return newSnapshotterMode(t, IDMapMappedParent)
+	return newSnapshotterMode(t, IDMapMapped)
 }
 
 func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Context) {

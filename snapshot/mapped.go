@@ -253,7 +253,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 			}
 			name, isUser := mappedParentOf(tx, m, id)
 			inUse[id] = isUser
-			if isUser || s.idmap != IDMapMappedParent {
+			if isUser || s.idmap != IDMapMapped {
 				// In auto mode a snapshot without a mapped parent has the
 				// shim's shape, chosen when it was made.
 				continue

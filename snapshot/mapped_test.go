@@ -253,7 +253,7 @@ func TestMappedParentMode500Layers(t *testing.T) {
 func TestShimModeUnmountsMappedParents(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
-	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	sn, err := New(root, Config{IDMap: IDMapMapped})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -470,7 +470,7 @@ func shimMadeThenMapped(t *testing.T) (*Snapshotter, context.Context) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	sn, err := New(root, Config{IDMap: IDMapMapped})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,12 +70,11 @@ const (
 	// the daemon's in containerd's diff service (one that is down would fail
 	// every diff and apply of every snapshotter).
 	IDMapAuto IDMapMode = "auto"
-	// IDMapMappedParent keeps one persistent idmapped mount of the layer
-	// parent (a mapped parent) per mapping and returns plain overlays
-	// through it: the shim makes one mount per container start whatever
-	// its version. Its configuration value keeps the word of release 1,
-	// "view", so that existing configuration files stay valid.
-	IDMapMappedParent IDMapMode = "view"
+	// IDMapMapped keeps one persistent idmapped mount of the layer parent
+	// (a mapped parent) per mapping and returns plain overlays through it:
+	// the shim makes one mount per container start whatever its version.
+	// The configuration accepts "view", its release-1 name, with a warning.
+	IDMapMapped IDMapMode = "mapped"
 	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
 	// idmap the layers at every mount, as the built-in overlayfs does.
 	IDMapShim IDMapMode = "shim"
@@ -124,9 +123,9 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	switch cfg.IDMap {
 	case "":
 		cfg.IDMap = IDMapAuto
-	case IDMapAuto, IDMapMappedParent, IDMapShim:
+	case IDMapAuto, IDMapMapped, IDMapShim:
 	default:
-		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMappedParent, IDMapShim, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMapped, IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
@@ -393,7 +392,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if s.mapped != nil && mayUseMappedParent(snap, mapping) {
 			var isUser bool
 			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
-				if s.idmap == IDMapMappedParent {
+				if s.idmap == IDMapMapped {
 					// reconcile registers every snapshot in use at start.
 					return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
 				}
@@ -791,7 +790,7 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
 	switch {
 	case s.idmap != IDMapAuto:
-		return s.idmap == IDMapMappedParent
+		return s.idmap == IDMapMapped
 	case s.containerdRelease == nil:
 		return true
 	}
@@ -969,7 +968,7 @@ func (s *Snapshotter) moveToTemp(path, prefix string) (string, error) {
 // mappedName is the mapped parent the layers are read through, "" for none.
 func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
-	if mapping != nil && mappedName == "" && s.idmap != IDMapMappedParent {
+	if mapping != nil && mappedName == "" && s.idmap != IDMapMapped {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
 	lowerParent := filepath.Join(s.root, layersDir)

@@ -32,7 +32,7 @@ func checkCommand() *cli.Command {
 				Name:              c.String("name"),
 				Root:              cfg.RootPath,
 				Address:           cfg.Address,
-				IDMap:             cfg.IDMap,
+				IDMap:             string(cfg.SnapshotterConfig().IDMap),
 				ContainerdAddress: c.String("containerd-address"),
 				ContainerdConfig:  c.String("containerd-config"),
 				MinFreeBytes:      2 << 30,
@@ -44,6 +44,9 @@ func checkCommand() *cli.Command {
 					return d.Close()
 				},
 			})
+			for _, msg := range cfg.Deprecations() {
+				results = append(results, preflight.Result{Name: "config", Status: preflight.Warn, Detail: msg})
+			}
 			if c.Bool("json") {
 				if err := printJSON(results); err != nil {
 					return err

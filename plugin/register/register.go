@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/containerd/v2/version"
+	"github.com/containerd/log"
 	"github.com/containerd/platforms"
 	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
@@ -40,6 +41,9 @@ func init() {
 			}
 			if err := cfg.Validate(); err != nil {
 				return nil, err
+			}
+			for _, msg := range cfg.Deprecations() {
+				log.G(ic.Context).Warn(msg)
 			}
 			ic.Meta.Platforms = append(ic.Meta.Platforms, platforms.DefaultSpec())
 			ic.Meta.Capabilities = append(ic.Meta.Capabilities, plugin.Capabilities...)
