@@ -15,15 +15,16 @@ import (
 //
 //	1  no format key; a new mapping's mapped parent took the smallest
 //	   base-36 number no registered mapped parent had
-//	2  grouped.v1/format; a mapped-parent name is never handed to a second
-//	   mapping: earlier format 2 builds counted names in grouped.v1/next-view,
-//	   this one names a mapping by its hash and neither reads nor writes it
+//	2  grouped.v1/format; a running daemon never hands a mapped-parent name
+//	   to a second mapping: earlier format 2 builds counted names in
+//	   grouped.v1/next-view, this one counts in memory from above the
+//	   registered names and neither reads nor writes that key
 //
 // A build refuses, without writing, a root of a newer format, and migrates
 // an older one at start. Builds of both formats work on a root this one
-// has used: they read the registered names, hash or number, and never hand
-// out a hash; every start unmounts all mapped parents and mounts the
-// registered ones, so a name another build reused is never served stale.
+// has used, and this one on theirs: the registry's shape is the same, and
+// every start of this build unmounts all mapped parents and mounts the
+// registered ones, so a mount left by another build is never served.
 const formatVersion = 2
 
 var keyFormat = []byte("format")

@@ -2,10 +2,9 @@ package snapshot
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -26,13 +25,17 @@ import (
 //	grouped.v1/views/<mapping>/name         the mapped parent's name under v/
 //	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use it
 //
-// A mapping's name is a hash of the mapping (mappedName), so a name is only
-// ever one mapping's, and the lock of a mapping (lockMapping) covers its
-// name: every change of a mapping's entry and of the mount at its name
-// happens under it, and a caller that read a name without the lock (Mounts)
-// can at worst hold the name of a mapped parent that has meanwhile gone,
-// never another mapping's. Older builds registered base-36 numbers, which
-// are served as registered and never handed out again.
+// A name is a base-36 number, kept short because containerd's client mounts
+// a snapshot read-only with its upper and every lower relative to the root,
+// each lower carrying v/<name>/ (TestReadOnlyMountOfMappedChainFits). A
+// process hands out names above every registered one and never one twice
+// (nextMappedName), so a name is only ever one mapping's while the process
+// runs, and the lock of a mapping (lockMapping) covers its name: every
+// change of a mapping's entry and of the mount at its name happens under
+// it, and a caller that read a name without the lock (Mounts) can at worst
+// hold the name of a mapped parent that has meanwhile gone, never another
+// mapping's. Across runs a name may come back: every start unmounts all
+// mapped parents first, and nothing read before then is used after.
 var (
 	bucketGrouped = []byte("grouped.v1")
 	bucketMapped  = []byte("views")
@@ -40,11 +43,10 @@ var (
 	keyName       = []byte("name")
 )
 
-// mappedName is the name of m's mapped parent under v/: 128 bits of a
-// SHA-256 of the mapping, too long to be read as an older build's number.
-func mappedName(m *idmap.Mapping) string {
-	sum := sha256.Sum256([]byte(m.String()))
-	return hex.EncodeToString(sum[:16])
+// nextMappedName hands out a mapped-parent name no mapping has had in this
+// process.
+func (s *Snapshotter) nextMappedName() string {
+	return strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
 }
 
 // withTx runs fn in a MetaStore transaction and hands it the bbolt
@@ -231,6 +233,11 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 		if err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
+		for name := range registeredMappedParents(tx) {
+			if n, err := strconv.ParseUint(name, 36, 64); err == nil && n >= s.nextMapped.Load() {
+				s.nextMapped.Store(n + 1)
+			}
+		}
 		inUse := map[string]bool{}
 		for id, key := range ids {
 			_, info, _, err := storage.GetInfo(ctx, key)
@@ -259,7 +266,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 				continue
 			}
 			if name == "" {
-				name = mappedName(m)
+				name = s.nextMappedName()
 			}
 			if err := useMappedParent(tx, m, id, name); err != nil {
 				return fmt.Errorf("register snapshot %q with its mapped parent: %w", key, err)

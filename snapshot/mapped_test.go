@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -286,27 +287,46 @@ func TestShimModeUnmountsMappedParents(t *testing.T) {
 	}
 }
 
-// TestMappedParentNamedByMapping: a mapping's mapped parent is named by the
-// mapping itself, the same name each time it is made, on any root, so no
-// counter is kept and no name needs checking for a second owner.
-func TestMappedParentNamedByMapping(t *testing.T) {
-	m, err := idmap.FromLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:100000:65536"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		sn, ctx := newSnapshotter(t)
-		top := commitChain(t, sn, ctx, 2)
-		for _, key := range []string{"a", "b"} {
-			if _, err := sn.Prepare(ctx, key, top, remap("100000")); err != nil {
-				t.Fatal(err)
-			}
-			if got := mappedMounts(t, sn); len(got) != 1 || filepath.Base(got[0]) != mappedName(m) {
-				t.Errorf("mapped parents %v, want one named %s", got, mappedName(m))
-			}
+// TestReadOnlyMountOfMappedChainFits: containerd's client mounts an active
+// snapshot read-only (its upper stacked on its lowers) to read the image's
+// /etc/passwd or /etc/group, and its lowerdirs, relative to the root, then
+// carry l/ and v/<name>/: a 400-layer user-namespaced chain fits a page
+// only with short mapped-parent names, so names are small numbers, not
+// hashes of the mapping.
+func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 400)
+	// Mappings come and go first: names must stay short all the same.
+	for i := range 40 {
+		key := fmt.Sprintf("gone-%d", i)
+		if _, err := sn.Prepare(ctx, key, top, remap(fmt.Sprint(200000+65536*i))); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
 			if err := sn.Remove(ctx, key); err != nil {
 				t.Fatal(err)
 			}
 		}
+	}
+	m, err := sn.Prepare(ctx, "c", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upper string
+	var opts []string
+	for _, o := range m[0].Options {
+		switch {
+		case strings.HasPrefix(o, "upperdir="):
+			upper = strings.TrimPrefix(o, "upperdir=")
+		case strings.HasPrefix(o, "workdir="):
+		case strings.HasPrefix(o, "lowerdir="):
+			opts = append(opts, "lowerdir="+upper+":"+strings.TrimPrefix(o, "lowerdir="))
+		default:
+			opts = append(opts, o)
+		}
+	}
+	ro := mount.Mount{Type: "overlay", Source: "overlay", Options: append(opts, "ro")}
+	if err := mountgroup.CheckMountData(ro, os.Getpagesize()); err != nil {
+		t.Errorf("read-only mount of a 400-layer chain through a mapped parent: %v", err)
 	}
 }

@@ -9,7 +9,7 @@
 //	w/<name>     overlay work directories of active snapshots
 //	t/           new snapshots' directories, made and renamed into l/ and
 //	             w/ inside their transaction, and orphans being removed
-//	v/<hash>     mapped parents: read-only idmapped mounts of l/, one per
+//	v/<n>        mapped parents: read-only idmapped mounts of l/, one per
 //	             UID/GID mapping in use; v/ is a private bind mount
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
@@ -101,6 +101,8 @@ type Snapshotter struct {
 	// containerdRelease: see Config.ContainerdRelease.
 	containerdRelease func(ctx context.Context) (major, minor int, err error)
 	startup           StartupReport
+	// nextMapped is the next mapped-parent name (base 36) to hand out.
+	nextMapped atomic.Uint64
 	// mappingLocks hold, per mapping, every change of its registry entry
 	// and of its mapped parent's mount (see lockMapping).
 	mappingLocks *locker.Locker
@@ -837,7 +839,7 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 		// creation that registered it.
 		return name, false, nil
 	}
-	name = mappedName(m)
+	name = s.nextMappedName()
 	if err := s.mapped.Mount(name, m); err != nil {
 		s.dropMappedParent(ctx, name)
 		return "", false, err
