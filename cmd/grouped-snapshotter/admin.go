@@ -14,6 +14,7 @@ import (
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // snapshotRow is one line of `ls`.
@@ -149,13 +150,13 @@ func mappedParentsCommand() *cli.Command {
 		Usage:   "list the mapped parents (idmapped mounts of the layer parent, one per UID/GID mapping): mapping, users, mount point",
 		Flags:   clientFlags(),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
-			var parents []server.MappedParent
+			var parents []snapshot.MappedParent
 			if err := server.CallAdmin(c.Context, d.conn, "MappedParents", &parents); err != nil {
 				return fmt.Errorf("list mapped parents: %w", err)
 			}
 			if c.Bool("json") {
 				if parents == nil {
-					parents = []server.MappedParent{}
+					parents = []snapshot.MappedParent{}
 				}
 				return printJSON(parents)
 			}

@@ -98,16 +98,8 @@ type daemonAdmin struct {
 func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
 }
-func (a daemonAdmin) MappedParents(ctx context.Context) ([]server.MappedParent, error) {
-	infos, err := a.sn.MappedParents(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]server.MappedParent, len(infos))
-	for i, p := range infos {
-		out[i] = server.MappedParent{Name: p.Name, UIDMap: p.UIDMap, GIDMap: p.GIDMap, Users: p.Users, Path: p.Path, Mounted: p.Mounted}
-	}
-	return out, nil
+func (a daemonAdmin) MappedParents(ctx context.Context) ([]snapshot.MappedParent, error) {
+	return a.sn.MappedParents(ctx)
 }
 func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
