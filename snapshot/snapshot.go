@@ -485,22 +485,12 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 
 // Commit turns an active snapshot into a committed one named name.
 //
-// It refuses to rebase (a snapshots.WithParent naming a parent other than
-// the snapshot's own), and the snapshotter does not declare containerd's
-// "rebase" capability. containerd rebases only in its parallel unpack,
-// which prepares each layer without its parent and applies the layer's tar
-// into that parentless directory: the applier cannot see the lower layers,
-// so a directory the tar does not list is created 0755 root:root over the
-// lower layer's owner and mode, and a whiteout written into a bind mount
-// deletes nothing and leaves no trace, so a file the image deleted comes
-// back. Nothing the snapshotter sees at Commit can tell those directories
-// and whiteouts apart from real ones, so such a layer cannot be made right
-// afterwards; sequential unpack (each layer prepared on its parent) gives
-// the image's exact tree. A containerd configured with a stale "rebase"
-// capability therefore gets a clear error here, never a different tree.
-// The error is a FailedPrecondition, not NotImplemented: containerd's
-// transfer service takes NotImplemented as "try another transferrer" and
-// would replace this message with its own.
+// It refuses to rebase (snapshots.WithParent naming another parent):
+// containerd rebases only in its parallel unpack, which applies each layer
+// without its parent, so whiteouts delete nothing and unlisted parent
+// directories get the wrong owner, and nothing at Commit can tell them from
+// real ones. The error is a FailedPrecondition: containerd's transfer
+// service takes NotImplemented as "try another transferrer".
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	if err := s.commit(ctx, name, key, opts); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
@@ -640,16 +630,10 @@ func (s *Snapshotter) Close() error {
 }
 
 // create makes a snapshot as containerd's overlay snapshotter does: one
-// write transaction takes its ID, makes its directories under t/ and
-// renames them into l/ and w/, so a snapshot's directories exist under
-// their final names only once its ID is taken, and temporary ones only
-// inside a transaction.
-//
-// A remapped snapshot with layers reads them through its mapping's mapped
-// parent. Under the mapping's lock, create finds the registered mapped
-// parent or mounts a new one, and only then runs the transaction that
-// registers the snapshot as its user; a new mapped parent whose transaction
-// fails is unmounted again. See docs/design.md.
+// write transaction takes its ID and makes its directories (makeDirs).
+// A remapped snapshot with layers first finds or mounts its mapping's
+// mapped parent, under the mapping's lock, and the transaction registers
+// it as a user; a new mapped parent whose transaction fails is unmounted.
 func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
 	if err := checkKey("key", key); err != nil {
 		return nil, err
@@ -807,13 +791,9 @@ func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
 }
 
 // AutoUsesMappedParents reports whether mode auto gives user-namespaced
-// snapshots mapped parents on containerd major.minor: before 2.3. From 2.3
-// containerd's walking differ reads a container's overlay with
-// uidmap=/gidmap= options unmapped (its read-only mount for a diff drops
-// them), so the shim's shape diffs to the container's changes alone. Older
-// releases idmap that mount, and their diff of any user-namespaced
-// container shows every layer re-owned; there a mapped parent costs
-// nothing in correctness.
+// snapshots mapped parents on containerd major.minor: before 2.3, whose
+// differ idmaps the shim's shape too, so a mapped parent costs no diff
+// correctness there; from 2.3 the differ reads the shim's shape unmapped.
 func AutoUsesMappedParents(major, minor int) bool {
 	return major < 2 || major == 2 && minor < 3
 }
@@ -1027,15 +1007,11 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return err
 }
 
-// RemoveOrphans removes what Orphans lists and returns the directories it
-// removed, logging each one. It removes all it can and reports every failure.
-//
-// It lists them inside a write transaction, so that no creation is under
-// way (their temporary directories exist only inside their transactions)
-// and none can take an orphan's name, which is the ID of a transaction that
-// never committed: orphans under l/ and w/ are moved into t/ there. They are
-// removed from t/ after the transaction, so that a large orphan holds no
-// other call up.
+// RemoveOrphans removes what Orphans lists and returns what it removed,
+// logging each one; it removes all it can and reports every failure. It
+// lists them in a write transaction, where no creation is under way and
+// none can take an orphan's name, moves those under l/ and w/ into t/, and
+// removes them after it, so that a large orphan holds no other call up.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	type orphan struct{ path, now string }
 	var (
