@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 
 	"github.com/containerd/log"
 )
@@ -34,6 +35,7 @@ func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 	}
 	for _, name := range unmounted {
 		if _, ok := registered[name]; !ok || s.mapped == nil {
+			log.G(ctx).WithField("view", filepath.Join(s.root, mappedDir, name)).Info("removed stale view no snapshot uses")
 			s.startup.MappedParentsRemoved = append(s.startup.MappedParentsRemoved, name)
 		}
 	}
