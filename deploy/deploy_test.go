@@ -23,7 +23,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
 )
 
@@ -127,8 +127,8 @@ func TestInstallScript(t *testing.T) {
 		t.Error(err)
 	} else if err := toml.Unmarshal(data, &dropIn); err != nil {
 		t.Error(err)
-	} else if got := dropIn.ProxyPlugins[plugin.Name].Capabilities; !slices.Equal(got, plugin.Capabilities) {
-		t.Errorf("installed drop-in declares capabilities %q, the in-process plugin %q", got, plugin.Capabilities)
+	} else if got := dropIn.ProxyPlugins[config.Name].Capabilities; !slices.Equal(got, config.Capabilities) {
+		t.Errorf("installed drop-in declares capabilities %q, the in-process plugin %q", got, config.Capabilities)
 	}
 	cfg, _ := os.ReadFile(filepath.Join(host, "etc/containerd/config.toml"))
 	if !strings.Contains(string(cfg), `imports = ["/etc/containerd/conf.d/*.toml"]`) || !strings.HasSuffix(string(cfg), original) {

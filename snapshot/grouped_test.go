@@ -16,7 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
@@ -141,7 +141,7 @@ func TestLayoutSharedParent(t *testing.T) {
 		t.Fatalf("view of one layer: %+v %v", m, err)
 	}
 	m, err = sn.View(ctx, "view3", top)
-	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountgroup.LowerCount(m[0]) != 3 {
+	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountopts.LowerCount(m[0]) != 3 {
 		t.Fatalf("view of three layers: %+v %v", m, err)
 	}
 }
@@ -165,7 +165,7 @@ func Test500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountgroup.ShimMountData(mounts[0], os.Getpagesize())
+	data, _ := mountopts.ShimMountData(mounts[0], os.Getpagesize())
 	t.Logf("500 layers: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(mounts, target); err != nil {

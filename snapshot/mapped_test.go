@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 func remap(host string) snapshots.Opt {
@@ -233,7 +233,7 @@ func TestMappedParentMode500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountgroup.ShimMountData(m[0], os.Getpagesize())
+	data, _ := mountopts.ShimMountData(m[0], os.Getpagesize())
 	t.Logf("500 remapped layers through a mapped parent: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(m, target); err != nil {
@@ -326,7 +326,7 @@ func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
 		}
 	}
 	ro := mount.Mount{Type: "overlay", Source: "overlay", Options: append(opts, "ro")}
-	if err := mountgroup.CheckMountData(ro, os.Getpagesize()); err != nil {
+	if err := mountopts.CheckMountData(ro, os.Getpagesize()); err != nil {
 		t.Errorf("read-only mount of a 400-layer chain through a mapped parent: %v", err)
 	}
 }

@@ -41,8 +41,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 const (
@@ -97,7 +97,7 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	idmap   IDMapMode
 	options []string
-	mapped  *idmount.Parents // nil in shim mode
+	mapped  *mappedparent.Parents // nil in shim mode
 	// containerdRelease: see Config.ContainerdRelease.
 	containerdRelease func(ctx context.Context) (major, minor int, err error)
 	startup           StartupReport
@@ -201,9 +201,9 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	// registered mapped parents again in the modes that use them.
 	var unmounted []string
 	if cfg.IDMap != IDMapShim {
-		s.mapped, unmounted, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
+		s.mapped, unmounted, err = mappedparent.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
 	} else {
-		unmounted, err = idmount.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
+		unmounted, err = mappedparent.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
 	}
 	if err != nil {
 		ms.Close()
@@ -686,8 +686,8 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if err != nil {
 			return err
 		}
-		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
-			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
+		if len(snap.ParentIDs) > mountopts.MaxLowerDirs {
+			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountopts.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
 		// A view of layers needs no directory of its own; a view of nothing
 		// binds an empty one, as containerd's overlayfs does.
@@ -973,13 +973,13 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 			if err != nil {
 				return nil, err
 			}
-			m, err := mountgroup.Bind(dir, true)
+			m, err := mountopts.Bind(dir, true)
 			return []mount.Mount{m}, err
 		case 1:
-			m, err := mountgroup.Bind(lowers[0], true, flags...)
+			m, err := mountopts.Bind(lowers[0], true, flags...)
 			return []mount.Mount{m}, err
 		}
-		m, err := mountgroup.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
+		m, err := mountopts.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
 		return []mount.Mount{m}, err
 	}
 
@@ -989,14 +989,14 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 	}
 	if len(lowers) == 0 {
 		// Nothing to idmap: the upper already belongs to the mapped root.
-		m, err := mountgroup.Bind(upper, false)
+		m, err := mountopts.Bind(upper, false)
 		return []mount.Mount{m}, err
 	}
 	work, err := s.workPath(snap.ID)
 	if err != nil {
 		return nil, err
 	}
-	m, err := mountgroup.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
+	m, err := mountopts.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
 	return []mount.Mount{m}, err
 }
 
@@ -1127,6 +1127,6 @@ func (s *Snapshotter) ownerless(ctx context.Context) ([]string, error) {
 // directory, for uninstalling and tests. Call it after Close; running
 // containers keep working.
 func (s *Snapshotter) UnmountMappedParents() error {
-	_, err := idmount.UnmountAll(filepath.Join(s.root, mappedDir))
+	_, err := mappedparent.UnmountAll(filepath.Join(s.root, mappedDir))
 	return err
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"github.com/urfave/cli/v2"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
@@ -211,7 +211,7 @@ func configCommand() *cli.Command {
 			Name:  "default",
 			Usage: "print the built-in default configuration as TOML",
 			Action: func(c *cli.Context) error {
-				out, err := toml.Marshal(plugin.DefaultConfig())
+				out, err := toml.Marshal(config.DefaultConfig())
 				if err != nil {
 					return err
 				}

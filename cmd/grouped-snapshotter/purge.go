@@ -9,7 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
@@ -70,7 +70,7 @@ func purgeRoot(root string) (bool, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return false, fmt.Errorf("purge %q: %s is in use (is grouped-snapshotter still running?): %w", root, meta, err)
 	}
-	if _, err := idmount.UnmountAll(root); err != nil {
+	if _, err := mappedparent.UnmountAll(root); err != nil {
 		return false, fmt.Errorf("purge %q: %w", root, err)
 	}
 	if err := os.RemoveAll(root); err != nil {

@@ -1,8 +1,8 @@
-// Package plugin holds grouped-snapshotter's configuration, shared by the
+// Package config holds grouped-snapshotter's configuration, shared by the
 // standalone daemon and the in-process containerd plugin. Importing it
-// registers nothing: the in-process registration is package
-// plugin/register, imported for its side effect.
-package plugin
+// registers nothing: the in-process registration is package plugin,
+// imported for its side effect.
+package config
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package register
+package plugin
 
 import (
 	"context"
@@ -10,18 +10,18 @@ import (
 	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 func registration(t *testing.T) *cplugin.Registration {
 	t.Helper()
 	for _, r := range registry.Graph(func(*cplugin.Registration) bool { return false }) {
-		if r.Type == plugins.SnapshotPlugin && r.ID == plugin.Name {
+		if r.Type == plugins.SnapshotPlugin && r.ID == config.Name {
 			return &r
 		}
 	}
-	t.Fatalf("no %s %q in containerd's plugin registry", plugins.SnapshotPlugin, plugin.Name)
+	t.Fatalf("no %s %q in containerd's plugin registry", plugins.SnapshotPlugin, config.Name)
 	return nil
 }
 
@@ -29,9 +29,9 @@ func registration(t *testing.T) *cplugin.Registration {
 // snapshot plugin, with a config that leaves the root to containerd.
 func TestImportRegisters(t *testing.T) {
 	found := registration(t)
-	cfg, ok := found.Config.(*plugin.Config)
+	cfg, ok := found.Config.(*config.Config)
 	if !ok {
-		t.Fatalf("registered config is a %T, want *plugin.Config", found.Config)
+		t.Fatalf("registered config is a %T, want *config.Config", found.Config)
 	}
 	if cfg.RootPath != "" {
 		t.Errorf("in-process root_path default %q, want empty (containerd's plugin root)", cfg.RootPath)
@@ -49,7 +49,7 @@ func TestInitDeclaresCapabilities(t *testing.T) {
 		t.Skip("the snapshotter needs root")
 	}
 	found := registration(t)
-	cfg := *found.Config.(*plugin.Config)
+	cfg := *found.Config.(*config.Config)
 	cfg.IDMap = string(snapshot.IDMapShim) // mounts nothing
 	ic := cplugin.NewContext(context.Background(), cplugin.NewPluginSet(), map[string]string{plugins.PropertyRootDir: t.TempDir()})
 	ic.Config = &cfg
@@ -62,7 +62,7 @@ func TestInitDeclaresCapabilities(t *testing.T) {
 	if want := []string{"remap-ids"}; !slices.Equal(ic.Meta.Capabilities, want) {
 		t.Errorf("declared capabilities %q, want %q", ic.Meta.Capabilities, want)
 	}
-	if !slices.Equal(ic.Meta.Capabilities, plugin.Capabilities) {
-		t.Errorf("declared capabilities %q, plugin.Capabilities %q", ic.Meta.Capabilities, plugin.Capabilities)
+	if !slices.Equal(ic.Meta.Capabilities, config.Capabilities) {
+		t.Errorf("declared capabilities %q, config.Capabilities %q", ic.Meta.Capabilities, config.Capabilities)
 	}
 }

@@ -1,4 +1,4 @@
-// Package idmount is the kernel side of idmapped mounts of the layer
+// Package mappedparent is the kernel side of idmapped mounts of the layer
 // parent: it mounts and unmounts them, and probes whether the kernel and
 // filesystem support them.
 //
@@ -11,4 +11,4 @@
 // start unmounts all of them and mounts the registered ones, so a mount is
 // never trusted across runs. The user-namespace file descriptors come from
 // containerd's mount.GetUsernsFD.
-package idmount
+package mappedparent

@@ -1,4 +1,4 @@
-package plugin
+package config
 
 import (
 	"os"
@@ -83,11 +83,11 @@ func TestLoadConfigOverridesDefaults(t *testing.T) {
 }
 
 // TestImportRegistersNothing checks that the configuration package has no
-// side effect on containerd's plugin registry (package plugin/register has).
+// side effect on containerd's plugin registry (package plugin has).
 func TestImportRegistersNothing(t *testing.T) {
 	for _, r := range registry.Graph(func(*cplugin.Registration) bool { return false }) {
 		if r.ID == Name {
-			t.Errorf("importing package plugin registered %s %q", r.Type, r.ID)
+			t.Errorf("importing package config registered %s %q", r.Type, r.ID)
 		}
 	}
 }

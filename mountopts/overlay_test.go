@@ -1,4 +1,4 @@
-package mountgroup
+package mountopts
 
 import (
 	"fmt"
