@@ -1,9 +1,12 @@
 package snapshot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -287,8 +290,12 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 	if err != nil || s.mapped == nil {
 		return registered, err
 	}
-	for name, key := range registered {
-		m, err := mappingOfKey(key)
+	// In the order they were made (shorter numbers first), as a restart
+	// that kept them mounted would list them.
+	names := slices.Collect(maps.Keys(registered))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
+	for _, name := range names {
+		m, err := mappingOfKey(registered[name])
 		if err != nil {
 			return nil, fmt.Errorf("mapped parent %q: %w", name, err)
 		}

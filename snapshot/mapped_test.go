@@ -330,3 +330,31 @@ func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
 		t.Errorf("read-only mount of a 400-layer chain through a mapped parent: %v", err)
 	}
 }
+
+// TestRestartMountsMappedParentsInOrder: a start mounts the registered
+// mapped parents in the order they were made, so that the mount table
+// lists them as before the restart.
+func TestRestartMountsMappedParentsInOrder(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{IDMap: IDMapMapped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	for i := range 12 {
+		if _, err := sn.Prepare(ctx, fmt.Sprint("c", i), top, remap(fmt.Sprint(100000+65536*i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := mappedMounts(t, sn)
+	sn.Close()
+	if sn, err = New(root, Config{IDMap: IDMapMapped}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAndUnmount(t, sn) })
+	if after := mappedMounts(t, sn); !slices.Equal(after, before) {
+		t.Errorf("mapped parents after a restart %v, before %v", after, before)
+	}
+}
