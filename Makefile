@@ -125,7 +125,7 @@ update-results:
 # "context deadline exceeded" failure when its workers are slow to stop on a
 # loaded machine (seen here), which would fail CI for no input.
 FUZZTIME ?= 100000x
-FUZZ_TARGETS := idmap:FuzzParseRanges idmap:FuzzFromLabels mountgroup:FuzzOverlayMount mountgroup:FuzzShimMountData
+FUZZ_TARGETS := idmap:FuzzParseRanges idmap:FuzzFromLabels mountopts:FuzzOverlayMount mountopts:FuzzShimMountData
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -137,7 +137,7 @@ test: tools tools-k8s vet fuzz
 	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./...
 
 test-unit: vet
-	hack/gotest.sh ./idmap/... ./mountgroup/... ./idmount/... ./migrate/... ./snapshot/... ./server/... ./plugin/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/... ./integration/repository/...
+	hack/gotest.sh ./idmap/... ./mountopts/... ./mappedparent/... ./migrate/... ./snapshot/... ./server/... ./plugin/... ./config/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/... ./integration/repository/...
 
 test-integration: tools tools-k8s
 	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./integration/...

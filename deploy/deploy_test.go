@@ -14,12 +14,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
 )
 
@@ -114,6 +118,17 @@ func TestInstallScript(t *testing.T) {
 		if r.Status != preflight.OK {
 			t.Errorf("installed drop-in: %s %s: %s", r.Status, r.Name, r.Detail)
 		}
+	}
+	// The proxy plugin declares what the in-process plugin does.
+	var dropIn struct {
+		ProxyPlugins map[string]struct{ Capabilities []string } `toml:"proxy_plugins"`
+	}
+	if data, err := os.ReadFile(filepath.Join(host, "etc/containerd/conf.d/grouped-snapshotter.toml")); err != nil {
+		t.Error(err)
+	} else if err := toml.Unmarshal(data, &dropIn); err != nil {
+		t.Error(err)
+	} else if got := dropIn.ProxyPlugins[config.Name].Capabilities; !slices.Equal(got, config.Capabilities) {
+		t.Errorf("installed drop-in declares capabilities %q, the in-process plugin %q", got, config.Capabilities)
 	}
 	cfg, _ := os.ReadFile(filepath.Join(host, "etc/containerd/config.toml"))
 	if !strings.Contains(string(cfg), `imports = ["/etc/containerd/conf.d/*.toml"]`) || !strings.HasSuffix(string(cfg), original) {

@@ -83,10 +83,10 @@ func FuzzFromLabels(f *testing.F) {
 			t.Fatalf("mapping %s does not round-trip: %v, %v", m, again, err)
 		}
 		u, g := m.Root()
-		if hu, ok := m.HostUID(0); !ok || hu != u {
+		if hu, ok := toHost(m.UIDs, 0); !ok || hu != u {
 			t.Fatalf("container root is unmapped in %s", m)
 		}
-		if hg, ok := m.HostGID(0); !ok || hg != g {
+		if hg, ok := toHost(m.GIDs, 0); !ok || hg != g {
 			t.Fatalf("container root group is unmapped in %s", m)
 		}
 	})

@@ -154,12 +154,6 @@ func (m *Mapping) Root() (uid, gid uint32) {
 	return uid, gid
 }
 
-// HostUID maps a container UID to the host; ok is false if it is unmapped.
-func (m *Mapping) HostUID(id uint32) (uint32, bool) { return toHost(m.UIDs, id) }
-
-// HostGID maps a container GID to the host; ok is false if it is unmapped.
-func (m *Mapping) HostGID(id uint32) (uint32, bool) { return toHost(m.GIDs, id) }
-
 // UIDLabelValue formats the UID ranges as a label value.
 func (m *Mapping) UIDLabelValue() string { return join(m.UIDs) }
 

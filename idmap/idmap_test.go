@@ -15,10 +15,10 @@ func TestFromLabels(t *testing.T) {
 	if uid, gid := m.Root(); uid != 100000 || gid != 200000 {
 		t.Errorf("Root() = %d:%d, want 100000:200000", uid, gid)
 	}
-	if got, ok := m.HostUID(1000); !ok || got != 101000 {
+	if got, ok := toHost(m.UIDs, 1000); !ok || got != 101000 {
 		t.Errorf("HostUID(1000) = %d, %v", got, ok)
 	}
-	if _, ok := m.HostUID(65536); ok {
+	if _, ok := toHost(m.UIDs, 65536); ok {
 		t.Error("HostUID(65536) should be unmapped")
 	}
 	if got := m.String(); got != "uid=0:100000:65536 gid=0:200000:65536" {
@@ -31,7 +31,7 @@ func TestFromLabels(t *testing.T) {
 	if err != nil {
 		t.Fatalf("multi-range: %v", err)
 	}
-	if got, _ := multi.HostUID(5); got != 200005 {
+	if got, _ := toHost(multi.UIDs, 5); got != 200005 {
 		t.Errorf("multi-range HostUID(5) = %d", got)
 	}
 }

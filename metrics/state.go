@@ -18,7 +18,7 @@ var (
 	fsSizeDesc      = prometheus.NewDesc(namespace+"_filesystem_size_bytes", "Size of the filesystem holding the root.", nil, nil)
 	fsFreeDesc      = prometheus.NewDesc(namespace+"_filesystem_free_bytes", "Bytes available to the snapshotter on the root's filesystem.", nil, nil)
 	mappedDesc      = prometheus.NewDesc(namespace+"_mapped_parents", "Registered mapped parents: idmapped mounts of the layer parent, one per UID/GID mapping in use.", nil, nil)
-	mappedUpDesc    = prometheus.NewDesc(namespace+"_mapped_parents_mounted", "Mapped parents mounted now (they are made lazily).", nil, nil)
+	mappedUpDesc    = prometheus.NewDesc(namespace+"_mapped_parents_mounted", "Mapped parents mounted now.", nil, nil)
 	mappedUsersDesc = prometheus.NewDesc(namespace+"_mapped_parent_users", "Snapshots using each mapped parent.", []string{"mapped_parent"}, nil)
 
 	// The names of release 1, before "view" was kept for containerd's view

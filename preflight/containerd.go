@@ -20,13 +20,7 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 		add("containerd", Fail, "containerd socket %s: %v", o.ContainerdAddress, err)
 		return
 	}
-	c, err := containerdversion.New(o.ContainerdAddress)
-	if err != nil {
-		add("containerd", Fail, "%v", err)
-		return
-	}
-	defer c.Close()
-	major, minor, err := c.Release(ctx)
+	major, minor, err := containerdversion.Ask(ctx, o.ContainerdAddress)
 	switch {
 	case err != nil:
 		add("containerd", Fail, "containerd at %s: %v", o.ContainerdAddress, err)
@@ -38,8 +32,8 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 	}
 	// containerd 2.3 and later read the shim's uidmap= shape unmapped when
 	// they diff a container; "auto" gives them that shape.
-	if o.IDMap == "view" && !snapshot.AutoUsesMappedParents(major, minor) {
-		add("containerd-idmap", Warn, "idmap = \"view\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
+	if o.IDMap == string(snapshot.IDMapMapped) && !snapshot.AutoUsesMappedParents(major, minor) {
+		add("containerd-idmap", Warn, "idmap = \"mapped\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
 	}
 }
 

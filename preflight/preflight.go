@@ -14,7 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
 )
 
 // Status is the outcome of one check.
@@ -39,7 +39,7 @@ type Options struct {
 	Name string
 	// Root and Address are the daemon's root and socket.
 	Root, Address string
-	// IDMap is the configured idmap mode ("auto", "view" or "shim").
+	// IDMap is the configured idmap mode ("auto", "mapped" or "shim").
 	IDMap string
 	// ContainerdAddress is containerd's gRPC socket.
 	ContainerdAddress string
@@ -78,7 +78,7 @@ func Run(ctx context.Context, o Options) []Result {
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		switch err := idmount.ProbeIDMappedMount(probeDir); {
+		switch err := mappedparent.ProbeIDMappedMount(probeDir); {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap != "shim":
@@ -89,7 +89,7 @@ func Run(ctx context.Context, o Options) []Result {
 		// What containers need is the combination: an overlay whose lowers
 		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
 		// "shim" containerd's shim builds the same overlay).
-		switch err := idmount.ProbeIDMappedOverlay(probeDir); {
+		switch err := mappedparent.ProbeIDMappedOverlay(probeDir); {
 		case err == nil:
 			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
 		case o.IDMap != "shim":

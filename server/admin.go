@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // AdminService is the gRPC service the admin CLI uses for live state that
@@ -19,27 +21,10 @@ const AdminService = "grouped.v1.Admin"
 // Admin is what the admin service exposes.
 type Admin interface {
 	Info(ctx context.Context) (DaemonInfo, error)
-	MappedParents(ctx context.Context) ([]MappedParent, error)
+	MappedParents(ctx context.Context) ([]snapshot.MappedParent, error)
 	Orphans(ctx context.Context) ([]string, error)
 	// RemoveOrphans removes what Orphans lists and returns what it removed.
 	RemoveOrphans(ctx context.Context) ([]string, error)
-}
-
-// MappedParent is one registered mapped parent (idmapped mount of the
-// layer parent) as the admin service reports it. It is the service's own
-// wire type, so that the transport does not depend on the snapshotter.
-type MappedParent struct {
-	// Name is its directory name under v/.
-	Name string `json:"name"`
-	// UIDMap and GIDMap are the mapping, in label form.
-	UIDMap string `json:"uidmap"`
-	GIDMap string `json:"gidmap"`
-	// Users is the number of active and view snapshots using it.
-	Users int `json:"users"`
-	// Path is where it is mounted when in use.
-	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now (they are made lazily).
-	Mounted bool `json:"mounted"`
 }
 
 // DaemonInfo describes the running daemon.

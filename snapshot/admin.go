@@ -8,8 +8,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// MappedParentInfo describes one registered mapped parent.
-type MappedParentInfo struct {
+// MappedParent describes one registered mapped parent, as the admin
+// service and the mapped-parents command report it.
+type MappedParent struct {
 	// Name is the mapped parent's directory name under v/.
 	Name string `json:"name"`
 	// UIDMap and GIDMap are the mapping, in label form.
@@ -19,13 +20,14 @@ type MappedParentInfo struct {
 	Users int `json:"users"`
 	// Path is where the mapped parent is mounted when in use.
 	Path string `json:"path"`
-	// Mounted tells whether a mount is at Path now.
+	// Mounted tells whether a mount is at Path now: a mapped parent is
+	// mounted from its first user's creation, and again at every start.
 	Mounted bool `json:"mounted"`
 }
 
 // Mapped parents lists the registered mapped parents with their users.
-func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, error) {
-	var out []MappedParentInfo
+func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParent, error) {
+	var out []MappedParent
 	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		views, _ := mappedBucket(tx, false)
 		if views == nil {
@@ -33,7 +35,7 @@ func (s *Snapshotter) MappedParents(ctx context.Context) ([]MappedParentInfo, er
 		}
 		return views.ForEachBucket(func(k []byte) error {
 			mb := views.Bucket(k)
-			info := MappedParentInfo{Name: string(mb.Get(keyName))}
+			info := MappedParent{Name: string(mb.Get(keyName))}
 			m, err := mappingOfKey(string(k))
 			if err != nil {
 				return err

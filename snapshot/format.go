@@ -2,7 +2,6 @@ package snapshot
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"strconv"
 
@@ -14,16 +13,18 @@ import (
 // formatVersion is the format of grouped-snapshotter's own keys in
 // metadata.db (containerd's MetaStore buckets keep their own version):
 //
-//	1  no format key; a new mapping's mapped parent took the smallest name no mapped parent
-//	   had, so a name freed by one mapping went to the next one
-//	2  grouped.v1/format and grouped.v1/next-view: a view name is never
-//	   handed to another mapping
+//	1  no format key; a new mapping's mapped parent took the smallest
+//	   base-36 number no registered mapped parent had
+//	2  grouped.v1/format; a running daemon never hands a mapped-parent name
+//	   to a second mapping: earlier format 2 builds counted names in
+//	   grouped.v1/next-view, this one counts in memory from above the
+//	   registered names and neither reads nor writes that key
 //
 // A build refuses, without writing, a root of a newer format, and migrates
-// an older one in one transaction at start. Format 1 builds ignore both
-// keys and work on a format 2 root (their name reuse is their own risk);
-// this build raises next-view above every registered name at each start,
-// so a root a format 1 build has used since is safe again.
+// an older one at start. Builds of both formats work on a root this one
+// has used, and this one on theirs: the registry's shape is the same, and
+// every start of this build unmounts all mapped parents and mounts the
+// registered ones, so a mount left by another build is never served.
 const formatVersion = 2
 
 var keyFormat = []byte("format")
@@ -59,44 +60,27 @@ func checkFormat(tx *bolt.Tx, dbPath string) error {
 	return nil
 }
 
-// migrateFormat brings the metadata to formatVersion in one transaction
-// and returns the next mapped-parent name this process may hand out.
-func (s *Snapshotter) migrateFormat(ctx context.Context) (next uint64, err error) {
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+// migrateFormat brings the metadata to formatVersion in one transaction.
+func (s *Snapshotter) migrateFormat(ctx context.Context) error {
+	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		from, err := storedFormat(tx)
-		if err != nil {
+		if err != nil || from == formatVersion {
 			return err
 		}
 		if from > formatVersion {
 			return fmt.Errorf("metadata has format %d, newer than this build's %d: %w", from, formatVersion, errdefs.ErrFailedPrecondition)
 		}
-		next = nextMappedName(tx)
-		for name := range registeredMappedParents(tx) {
-			if n, ok := parseMappedName(name); ok && n >= next {
-				next = n + 1
-			}
-		}
 		g, err := tx.CreateBucketIfNotExists(bucketGrouped)
 		if err != nil {
 			return err
 		}
-		var b [8]byte
-		binary.BigEndian.PutUint64(b[:], next)
-		if err := g.Put(keyNextMapped, b[:]); err != nil {
-			return err
+		if from != 0 {
+			log.G(ctx).WithField("from", from).WithField("to", formatVersion).Info("migrated metadata format")
 		}
-		if from != formatVersion {
-			if err := g.Put(keyFormat, []byte(strconv.Itoa(formatVersion))); err != nil {
-				return err
-			}
-			if from != 0 {
-				log.G(ctx).WithField("from", from).WithField("to", formatVersion).Info("migrated metadata format")
-			}
-		}
-		return nil
+		return g.Put(keyFormat, []byte(strconv.Itoa(formatVersion)))
 	})
 	if err != nil {
-		return 0, fmt.Errorf("migrate metadata format: %w", err)
+		return fmt.Errorf("migrate metadata format: %w", err)
 	}
-	return next, nil
+	return nil
 }

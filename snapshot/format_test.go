@@ -2,7 +2,7 @@ package snapshot
 
 import (
 	"bytes"
-	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +33,9 @@ func editDB(t *testing.T, root string, fn func(g *bolt.Bucket) error) {
 	}
 }
 
-func readFormat(t *testing.T, root string) (format string, nextMapped uint64) {
+// readFormat returns the format key and the next-view key of older format 2
+// builds.
+func readFormat(t *testing.T, root string) (format string, nextView []byte) {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(root, dbFile), 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
@@ -43,13 +45,11 @@ func readFormat(t *testing.T, root string) (format string, nextMapped uint64) {
 	db.View(func(tx *bolt.Tx) error {
 		if g := tx.Bucket(bucketGrouped); g != nil {
 			format = string(g.Get(keyFormat))
-			if v := g.Get(keyNextMapped); len(v) == 8 {
-				nextMapped = binary.BigEndian.Uint64(v)
-			}
+			nextView = append(nextView, g.Get([]byte("next-view"))...)
 		}
 		return nil
 	})
-	return format, nextMapped
+	return format, nextView
 }
 
 func TestFormatNewRootIsCurrent(t *testing.T) {
@@ -96,10 +96,10 @@ func TestFormatNewerRefusedWithoutWriting(t *testing.T) {
 	}
 }
 
-// TestFormatMigratesFormat1: a root written by a format 1 build (views
-// named by the smallest free number, no format key) is migrated at start:
-// the next mapped-parent name is above every registered one, so a name is not
-// handed to a second mapping.
+// TestFormatMigratesFormat1: a root written by a format 1 build (mapped
+// parents named by the smallest free number, no format key) is migrated at
+// start: its registered names are served as they are, and a new mapping's
+// mapped parent gets a name above all of them.
 func TestFormatMigratesFormat1(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -109,23 +109,23 @@ func TestFormatMigratesFormat1(t *testing.T) {
 	}
 	ctx := testContext()
 	top := commitChain(t, sn, ctx, 2)
-	for i, host := range []string{"100000", "200000", "300000"} {
+	for i, host := range []string{"100000", "300000"} {
 		if _, err := sn.Prepare(ctx, "a"+host, top, remap(host)); err != nil {
 			t.Fatal(i, err)
 		}
 	}
-	// Free mapped parent "1" as a format 1 build leaves it: registry gone, then
-	// turn the root into format 1.
-	if err := sn.Remove(ctx, "a200000"); err != nil {
-		t.Fatal(err)
-	}
 	sn.Close()
 	sn.UnmountMappedParents()
+	// What a format 1 build leaves: numbers as names, no format key.
 	editDB(t, root, func(g *bolt.Bucket) error {
-		if err := g.Delete(keyFormat); err != nil {
-			return err
+		views := g.Bucket(bucketMapped)
+		for i, host := range []string{"100000", "300000"} {
+			mb := views.Bucket([]byte("uid=0:" + host + ":65536 gid=0:" + host + ":65536"))
+			if err := mb.Put(keyName, []byte(fmt.Sprint(2*i))); err != nil {
+				return err
+			}
 		}
-		return g.Delete(keyNextMapped)
+		return g.Delete(keyFormat)
 	})
 	sn, err = New(root, Config{})
 	if err != nil {
@@ -142,6 +142,9 @@ func TestFormatMigratesFormat1(t *testing.T) {
 	names := map[string]string{}
 	for _, v := range views {
 		names[v.UIDMap] = v.Name
+		if !v.Mounted {
+			t.Errorf("mapped parent %q is not mounted", v.Name)
+		}
 	}
 	want := map[string]string{"0:100000:65536": "0", "0:300000:65536": "2", "0:400000:65536": "3"}
 	for m, n := range want {
@@ -149,9 +152,47 @@ func TestFormatMigratesFormat1(t *testing.T) {
 			t.Errorf("mapped parent of %s is %q, want %q (all: %v)", m, names[m], n, names)
 		}
 	}
+	for key, host := range map[string]uint32{"a100000": 100000, "a300000": 300000, "b": 400000} {
+		mounts, err := sn.Mounts(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fileOwner(t, filepath.Join(lowerdirs(t, mounts[0])[0], "f002")); got != host {
+			t.Errorf("%s reads its layers as uid %d, want %d", key, got, host)
+		}
+	}
 	sn.Close()
-	if f, next := readFormat(t, root); f != "2" || next != 4 {
-		t.Errorf("after migration: format %q next-view %d, want 2 and 4", f, next)
+	if f, _ := readFormat(t, root); f != "2" {
+		t.Errorf("after migration: format %q, want 2", f)
+	}
+}
+
+// TestFormatKeepsNextView: earlier format 2 builds count names in
+// next-view; this build leaves the key as it found it, so that such a build
+// run again on the root never hands out a name it handed out before.
+func TestFormatKeepsNextView(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn.Close()
+	sn.UnmountMappedParents()
+	stored := []byte{0, 0, 0, 0, 0, 0, 0, 7}
+	editDB(t, root, func(g *bolt.Bucket) error { return g.Put([]byte("next-view"), stored) })
+	sn, err = New(root, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	closeAndUnmount(t, sn)
+	if f, next := readFormat(t, root); f != "2" || !bytes.Equal(next, stored) {
+		t.Errorf("format %q next-view %v, want 2 and %v", f, next, stored)
 	}
 }
 

@@ -16,11 +16,11 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
-	return newSnapshotterMode(t, IDMapMappedParent)
+	return newSnapshotterMode(t, IDMapMapped)
 }
 
 func newSnapshotterMode(t *testing.T, mode IDMapMode) (*Snapshotter, context.Context) {
@@ -141,7 +141,7 @@ func TestLayoutSharedParent(t *testing.T) {
 		t.Fatalf("view of one layer: %+v %v", m, err)
 	}
 	m, err = sn.View(ctx, "view3", top)
-	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountgroup.LowerCount(m[0]) != 3 {
+	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountopts.LowerCount(m[0]) != 3 {
 		t.Fatalf("view of three layers: %+v %v", m, err)
 	}
 }
@@ -165,7 +165,7 @@ func Test500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountgroup.ShimMountData(mounts[0], os.Getpagesize())
+	data, _ := mountopts.ShimMountData(mounts[0], os.Getpagesize())
 	t.Logf("500 layers: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(mounts, target); err != nil {
@@ -334,6 +334,18 @@ func TestStaleDirectoryOfCrashedCreate(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(stale, "leftover")); !os.IsNotExist(err) {
 		t.Errorf("the new snapshot inherited a crashed creation's files")
+	}
+	// The leftover waits in t/ for Cleanup: removing a large tree inside
+	// the creation's transaction would hold up every other write.
+	aside, _ := filepath.Glob(filepath.Join(sn.Root(), tempDir, "*", next, "leftover"))
+	if len(aside) != 1 {
+		t.Errorf("the stale directory was not moved into t/: %v", listTree(t, sn.Root()))
+	}
+	if err := sn.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(sn.Root(), tempDir)); len(left) != 0 {
+		t.Errorf("Cleanup left %v in t/", left)
 	}
 }
 

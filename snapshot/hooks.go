@@ -13,9 +13,13 @@ var testHooks struct {
 	// createFailed runs in create after a failed creation's transaction
 	// has ended.
 	createFailed func()
-	// makeMappedParent runs in a creation before it mounts its mapping's
-	// mapped parent; an error stands for the kernel's.
+	// makeMappedParent runs in a creation after it has read its mapping's
+	// mapped parent, before it mounts a new one; an error stands for the
+	// kernel's.
 	makeMappedParent func() error
+	// removingDirs runs in Remove after its transaction, before it removes
+	// the snapshot's directories.
+	removingDirs func()
 	// orphansListed runs in RemoveOrphans once the orphans are moved out of
 	// place, before any is removed.
 	orphansListed func()

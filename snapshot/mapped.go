@@ -1,10 +1,12 @@
 package snapshot
 
 import (
+	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,26 +20,37 @@ import (
 )
 
 // The mapped-parent registry lives in the MetaStore's bbolt file, next to
-// containerd's buckets, so that who uses which mapped parent changes in the same
-// transaction as the snapshots themselves:
+// containerd's buckets, so that who uses which mapped parent changes in the
+// same transaction as the snapshots themselves (the keys keep the words of
+// release 1, which older builds on the same root read):
 //
 //	grouped.v1/format                       metadata format (see format.go)
-//	grouped.v1/next-view                    next view name to hand out
-//	grouped.v1/views/<mapping>/name         short name of the view under v/
-//	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use the view
+//	grouped.v1/views/<mapping>/name         the mapped parent's name under v/
+//	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use it
 //
-// A mapped-parent name is never given to another mapping (format 2), so the
-// lock of a mapping (lockMapping) covers its name too: every change of a
-// mapping's entry and of the mount at its name happens under it, and a caller
-// that read a name without the lock (Mounts) can at worst hold the name of a
-// mapped parent that has meanwhile gone, never another mapping's.
+// A name is a base-36 number, kept short because containerd's client mounts
+// a snapshot read-only with its upper and every lower relative to the root,
+// each lower carrying v/<name>/ (TestReadOnlyMountOfMappedChainFits). A
+// process hands out names above every registered one and never one twice
+// (nextMappedName), so a name is only ever one mapping's while the process
+// runs, and the lock of a mapping (lockMapping) covers its name: every
+// change of a mapping's entry and of the mount at its name happens under
+// it, and a caller that read a name without the lock (Mounts) can at worst
+// hold the name of a mapped parent that has meanwhile gone, never another
+// mapping's. Across runs a name may come back: every start unmounts all
+// mapped parents first, and nothing read before then is used after.
 var (
 	bucketGrouped = []byte("grouped.v1")
 	bucketMapped  = []byte("views")
 	bucketUsers   = []byte("users")
 	keyName       = []byte("name")
-	keyNextMapped = []byte("next-view")
 )
+
+// nextMappedName hands out a mapped-parent name no mapping has had in this
+// process.
+func (s *Snapshotter) nextMappedName() string {
+	return strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
+}
 
 // withTx runs fn in a MetaStore transaction and hands it the bbolt
 // transaction as well, for the mapped-parent registry.
@@ -79,37 +92,24 @@ func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 	return g.CreateBucketIfNotExists(bucketMapped)
 }
 
-// useMappedParent records that snapshot id uses the mapped-parent name of m.
-// name is the mapping's registered mapped parent, or, when isNew, a name never
-// handed out before whose mapped parent the caller has mounted for m. The
-// caller holds m's lock, so anything else is a broken invariant.
-func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string, isNew bool) error {
+// useMappedParent records that snapshot id uses the mapped parent of m
+// called name: its registered one, or for a mapping without one, one the
+// caller has mounted. The caller holds m's lock.
+func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string) error {
 	views, err := mappedBucket(tx, true)
 	if err != nil {
 		return err
 	}
-	key := []byte(m.String())
-	mb := views.Bucket(key)
-	switch {
-	case (mb == nil) != isNew:
-		return fmt.Errorf("mapped parent of %s changed although its lock was held (new name %v): %w", m, isNew, errdefs.ErrFailedPrecondition)
-	case mb == nil:
-		if _, taken := registeredMappedParents(tx)[name]; taken {
-			// Reserved names are unique; this is a broken invariant, and
-			// sharing the name would show one mapping's files to another.
-			return fmt.Errorf("mapped-parent name %q of new mapping %s is already registered: %w", name, m, errdefs.ErrFailedPrecondition)
-		}
-		if mb, err = views.CreateBucket(key); err != nil {
-			return err
-		}
+	mb, err := views.CreateBucketIfNotExists([]byte(m.String()))
+	if err != nil {
+		return err
+	}
+	if registered := mb.Get(keyName); registered == nil {
 		if err := mb.Put(keyName, []byte(name)); err != nil {
 			return err
 		}
-		if err := raiseNextMapped(tx, name); err != nil {
-			return err
-		}
-	case string(mb.Get(keyName)) != name:
-		return fmt.Errorf("mapped parent of %s is %q, not %q, although its lock was held: %w", m, mb.Get(keyName), name, errdefs.ErrFailedPrecondition)
+	} else if string(registered) != name {
+		return fmt.Errorf("mapped parent of %s is %q, not %q, although its lock was held: %w", m, registered, name, errdefs.ErrFailedPrecondition)
 	}
 	users, err := mb.CreateBucketIfNotExists(bucketUsers)
 	if err != nil {
@@ -131,46 +131,6 @@ func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUs
 	}
 	users := mb.Bucket(bucketUsers)
 	return string(mb.Get(keyName)), users != nil && users.Get([]byte(id)) != nil
-}
-
-// parseMappedName returns the number a mapped-parent name stands for.
-func parseMappedName(name string) (uint64, bool) {
-	n, err := strconv.ParseUint(name, 36, 64)
-	if err != nil || strconv.FormatUint(n, 36) != name {
-		return 0, false
-	}
-	return n, true
-}
-
-// nextMappedName returns the stored lower bound of names never handed out.
-func nextMappedName(tx *bolt.Tx) uint64 {
-	g := tx.Bucket(bucketGrouped)
-	if g == nil {
-		return 0
-	}
-	v := g.Get(keyNextMapped)
-	if len(v) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(v)
-}
-
-// raiseNextMapped makes sure name is below the stored next-view bound.
-func raiseNextMapped(tx *bolt.Tx, name string) error {
-	n, ok := parseMappedName(name)
-	if !ok {
-		return fmt.Errorf("mapped-parent name %q is not a base-36 number: %w", name, errdefs.ErrInvalidArgument)
-	}
-	if n < nextMappedName(tx) {
-		return nil
-	}
-	g, err := tx.CreateBucketIfNotExists(bucketGrouped)
-	if err != nil {
-		return err
-	}
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], n+1)
-	return g.Put(keyNextMapped, b[:])
 }
 
 // releaseMappedParent drops snapshot id from the users of m's mapped parent
@@ -266,18 +226,20 @@ func registeredMappedParents(tx *bolt.Tx) map[string]string {
 
 // reconcileMappedParents runs at start, before anything is served. In one
 // transaction it drops registry users whose snapshot no longer exists or is
-// committed, and registers the snapshots in use that have no mapped parent
-// (made in shim mode before a switch to mapped parents), giving a mapping
-// without one a new name. Then it mounts every registered mapped parent
-// (after a reboot, none is) and unmounts whatever else is under v/: mapped
-// parents without users, and new ones a crash left unregistered. It returns
-// the names it unmounted.
-func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, error) {
-	var registered map[string]string
-	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
+// committed, and, in mapped-parent mode, registers the snapshots in use that
+// have none (made in shim mode before the switch). Then it mounts every
+// registered mapped parent, unless the mode uses none: New has unmounted
+// everything under v/ already. It returns the registered names.
+func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered map[string]string, err error) {
+	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		ids, err := storage.IDMap(ctx)
 		if err != nil && !errdefs.IsNotFound(err) {
 			return err
+		}
+		for name := range registeredMappedParents(tx) {
+			if n, err := strconv.ParseUint(name, 36, 64); err == nil && n >= s.nextMapped.Load() {
+				s.nextMapped.Store(n + 1)
+			}
 		}
 		inUse := map[string]bool{}
 		for id, key := range ids {
@@ -296,64 +258,52 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) ([]string, err
 			if err != nil {
 				return fmt.Errorf("snapshot %q: %w", key, err)
 			}
-			if !s.needsMappedParent(snap, m) {
+			if !mayUseMappedParent(snap, m) {
 				continue
 			}
 			name, isUser := mappedParentOf(tx, m, id)
-			if isUser || s.idmap == IDMapAuto {
+			inUse[id] = isUser
+			if isUser || s.idmap != IDMapMapped {
 				// In auto mode a snapshot without a mapped parent has the
 				// shim's shape, chosen when it was made.
-				inUse[id] = isUser
 				continue
 			}
-			inUse[id] = true
-			isNew := name == ""
-			if isNew {
-				name = strconv.FormatUint(s.nextMapped.Add(1)-1, 36)
+			if name == "" {
+				name = s.nextMappedName()
 			}
-			if err := useMappedParent(tx, m, id, name, isNew); err != nil {
+			if err := useMappedParent(tx, m, id, name); err != nil {
 				return fmt.Errorf("register snapshot %q with its mapped parent: %w", key, err)
 			}
-			log.G(ctx).WithField("key", key).WithField("view", name).Info("registered a snapshot made in shim mode with its mapped parent")
+			inUse[id] = true
+			log.G(ctx).WithField("key", key).WithField("mapped_parent", name).Info("registered a snapshot made in shim mode with its mapped parent")
 		}
 		freed, err := pruneMappedParents(tx, func(user string) bool { return !inUse[user] })
 		if err != nil {
 			return err
 		}
 		if len(freed) > 0 {
-			log.G(ctx).WithField("views", freed).Info("dropped registry entries of views without snapshots")
+			log.G(ctx).WithField("mapped_parents", freed).Info("dropped registry entries of mapped parents without snapshots")
 		}
 		registered = registeredMappedParents(tx)
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("reconcile mapped parents: %w", err)
+	if err != nil || s.mapped == nil {
+		return registered, err
 	}
-	for name, key := range registered {
-		m, err := mappingOfKey(key)
+	// In the order they were made (shorter numbers first), as a restart
+	// that kept them mounted would list them.
+	names := slices.Collect(maps.Keys(registered))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
+	for _, name := range names {
+		m, err := mappingOfKey(registered[name])
 		if err != nil {
 			return nil, fmt.Errorf("mapped parent %q: %w", name, err)
 		}
-		if err := s.mapped.Ensure(name, m); err != nil {
+		if err := s.mapped.Mount(name, m); err != nil {
 			return nil, err
 		}
 	}
-	names, err := s.mapped.Names()
-	if err != nil {
-		return nil, err
-	}
-	var removed []string
-	for _, name := range names {
-		if _, ok := registered[name]; ok {
-			continue
-		}
-		if err := s.mapped.Remove(name); err != nil {
-			return removed, fmt.Errorf("remove stale mapped parent %q: %w", name, err)
-		}
-		log.G(ctx).WithField("view", s.mapped.Path(name)).Info("removed stale view no snapshot uses")
-		removed = append(removed, name)
-	}
-	return removed, nil
+	return registered, nil
 }
 
 // mappingOfKey parses a registry key, a mapping's canonical

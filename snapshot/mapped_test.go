@@ -1,8 +1,10 @@
 package snapshot
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 func remap(host string) snapshots.Opt {
@@ -139,8 +141,9 @@ func TestMappedParentModeSharesOnePerMapping(t *testing.T) {
 	}
 }
 
-// TestMappedParentModeRestartRemounts: a restart reuses the mapped parents
-// still mounted and removes stale ones; after a reboot it mounts them again.
+// TestMappedParentModeRestartRemounts: a start unmounts every mapped parent
+// and mounts again those the registry holds, stale ones never; Mounts then
+// makes no mount syscall.
 func TestMappedParentModeRestartRemounts(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -172,8 +175,12 @@ func TestMappedParentModeRestartRemounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn2.Close()
-	if got := mappedMounts(t, sn); len(got) != 2 {
-		t.Fatalf("shim mode must not touch mapped parents: %v", got)
+	// A crash between that removal's commit and its unmount leaves a mount.
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", stale, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
 	}
 
 	sn, err = New(root, Config{})
@@ -199,10 +206,10 @@ func TestMappedParentModeRestartRemounts(t *testing.T) {
 	if sn, err = New(root, Config{}); err != nil {
 		t.Fatal(err)
 	}
-	// open_tree, mount_setattr and move_mount of the one mapped parent,
-	// and making v/ private again.
-	if n := sn.mapped.Syscalls(); n != 4 {
-		t.Errorf("start remounting the mapped parent made %d mount syscalls, want 4", n)
+	// Unmounting v/'s own bind, binding and making it private again, and
+	// open_tree, mount_setattr and move_mount of the one mapped parent.
+	if n := sn.mapped.Syscalls(); n != 6 {
+		t.Errorf("start remounting the mapped parent made %d mount syscalls, want 6", n)
 	}
 	m, err := sn.Mounts(ctx, "c")
 	if err != nil {
@@ -226,7 +233,7 @@ func TestMappedParentMode500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountgroup.ShimMountData(m[0], os.Getpagesize())
+	data, _ := mountopts.ShimMountData(m[0], os.Getpagesize())
 	t.Logf("500 remapped layers through a mapped parent: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(m, target); err != nil {
@@ -238,5 +245,116 @@ func TestMappedParentMode500Layers(t *testing.T) {
 	}
 	if uid := fileOwner(t, filepath.Join(target, "f500")); uid != 100000 {
 		t.Errorf("top layer file owner: %d, want 100000", uid)
+	}
+}
+
+// TestShimModeUnmountsMappedParents: a root switched to idmap = "shim" uses
+// no mapped parent, so its start unmounts those a mapped-parent run left,
+// and removing their snapshots leaves nothing mounted either.
+func TestShimModeUnmountsMappedParents(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{IDMap: IDMapMapped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	if got := mappedMounts(t, sn); len(got) != 1 {
+		t.Fatalf("mapped parents: %v, want one", got)
+	}
+	sn.Close()
+	shim, err := New(root, Config{IDMap: IDMapShim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAndUnmount(t, shim) })
+	if left, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(root, mappedDir))); len(left) != 0 {
+		t.Errorf("mounts left under v/ by a start in shim mode: %d", len(left))
+	}
+	if got := shim.Startup().MappedParentsRemoved; len(got) != 1 {
+		t.Errorf("start in shim mode reported %v removed, want the one mapped parent", got)
+	}
+	m, err := shim.Mounts(ctx, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m[0].Options, "uidmap=0:100000:65536") {
+		t.Errorf("shim mode mounts of c: %v, want the shim's uidmap=", m[0].Options)
+	}
+}
+
+// TestReadOnlyMountOfMappedChainFits: containerd's client mounts an active
+// snapshot read-only (its upper stacked on its lowers) to read the image's
+// /etc/passwd or /etc/group, and its lowerdirs, relative to the root, then
+// carry l/ and v/<name>/: a 400-layer user-namespaced chain fits a page
+// only with short mapped-parent names, so names are small numbers, not
+// hashes of the mapping.
+func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 400)
+	// Mappings come and go first: names must stay short all the same.
+	for i := range 40 {
+		key := fmt.Sprintf("gone-%d", i)
+		if _, err := sn.Prepare(ctx, key, top, remap(fmt.Sprint(200000+65536*i))); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := sn.Remove(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m, err := sn.Prepare(ctx, "c", top, remap("100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upper string
+	var opts []string
+	for _, o := range m[0].Options {
+		switch {
+		case strings.HasPrefix(o, "upperdir="):
+			upper = strings.TrimPrefix(o, "upperdir=")
+		case strings.HasPrefix(o, "workdir="):
+		case strings.HasPrefix(o, "lowerdir="):
+			opts = append(opts, "lowerdir="+upper+":"+strings.TrimPrefix(o, "lowerdir="))
+		default:
+			opts = append(opts, o)
+		}
+	}
+	ro := mount.Mount{Type: "overlay", Source: "overlay", Options: append(opts, "ro")}
+	if err := mountopts.CheckMountData(ro, os.Getpagesize()); err != nil {
+		t.Errorf("read-only mount of a 400-layer chain through a mapped parent: %v", err)
+	}
+}
+
+// TestRestartMountsMappedParentsInOrder: a start mounts the registered
+// mapped parents in the order they were made, so that the mount table
+// lists them as before the restart.
+func TestRestartMountsMappedParentsInOrder(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "root")
+	sn, err := New(root, Config{IDMap: IDMapMapped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext()
+	top := commitChain(t, sn, ctx, 2)
+	for i := range 12 {
+		if _, err := sn.Prepare(ctx, fmt.Sprint("c", i), top, remap(fmt.Sprint(100000+65536*i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := mappedMounts(t, sn)
+	sn.Close()
+	if sn, err = New(root, Config{IDMap: IDMapMapped}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAndUnmount(t, sn) })
+	if after := mappedMounts(t, sn); !slices.Equal(after, before) {
+		t.Errorf("mapped parents after a restart %v, before %v", after, before)
 	}
 }

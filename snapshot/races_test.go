@@ -28,7 +28,78 @@ func resetHooks(t *testing.T) {
 		testHooks.createFailed = nil
 		testHooks.orphansListed = nil
 		testHooks.makeMappedParent = nil
+		testHooks.removingDirs = nil
 	})
+}
+
+// TestCleanupWaitsForNoMappedParentMount: a creation is mounting its
+// mapping's new mapped parent (a user namespace is forked for it) when
+// Cleanup runs, and then a plain creation. Neither may wait for the mount:
+// a creation's temporary directories exist only inside its transaction.
+func TestCleanupWaitsForNoMappedParentMount(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	testHooks.makeMappedParent = func() error {
+		testHooks.makeMappedParent = nil
+		done := make(chan error, 2)
+		go func() { done <- sn.Cleanup(ctx) }()
+		go func() {
+			time.Sleep(50 * time.Millisecond) // Cleanup first
+			_, err := sn.Prepare(ctx, "plain", top)
+			done <- err
+		}()
+		for range 2 {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("Cleanup or a plain Prepare waited for another mapping's mapped-parent mount")
+				t.Cleanup(func() { <-done })
+			}
+		}
+		return nil
+	}
+	if _, err := sn.Prepare(ctx, "mapped", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRemoveHoldsNoLockWhileRemovingDirectories: while a removal deletes a
+// snapshot's directories, which takes long for a large layer, another
+// snapshot of the same mapping (a pod's next container) is prepared. It
+// must not wait for the directories.
+func TestRemoveHoldsNoLockWhileRemovingDirectories(t *testing.T) {
+	resetHooks(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	for _, key := range []string{"a", "b"} {
+		if _, err := sn.Prepare(ctx, key, top, remap("100000")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testHooks.removingDirs = func() {
+		testHooks.removingDirs = nil
+		prepared := make(chan error, 1)
+		go func() {
+			_, err := sn.Prepare(ctx, "c", top, remap("100000"))
+			prepared <- err
+		}()
+		select {
+		case err := <-prepared:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Prepare of the same mapping waited for a removal's directories")
+			t.Cleanup(func() { <-prepared })
+		}
+	}
+	if err := sn.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestMountsNeverServesAnotherMappingsMappedParent: Mounts of a snapshot reads
@@ -399,7 +470,7 @@ func shimMadeThenMapped(t *testing.T) (*Snapshotter, context.Context) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	sn, err := New(root, Config{IDMap: IDMapMappedParent})
+	sn, err := New(root, Config{IDMap: IDMapMapped})
 	if err != nil {
 		t.Fatal(err)
 	}

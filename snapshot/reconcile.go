@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 
 	"github.com/containerd/log"
 )
@@ -17,22 +18,25 @@ type StartupReport struct {
 	MappedParentsRemoved []string
 }
 
-// reconcile repairs what a crash can leave behind, before anything is served:
-// directories without metadata (the metadata is the truth, and creation and
-// removal order their steps so that a crash leaves only such directories) and
-// mapped parents without users. It recreates nothing: mapped parents of
-// snapshots in use are verified, or made again, when Mounts next needs them.
-func (s *Snapshotter) reconcile(ctx context.Context) error {
+// reconcile repairs what a crash can leave behind, before anything is
+// served: directories without metadata (the metadata is the truth, and
+// creation and removal order their steps so that a crash leaves only such
+// directories) and the mapped parents, which New has unmounted (unmounted
+// lists them) and which are mounted again as the registry says.
+func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 	removed, err := s.RemoveOrphans(ctx)
 	s.startup.OrphansRemoved = removed
 	if err != nil {
 		return fmt.Errorf("reconcile at start: %w", err)
 	}
-	if s.mapped != nil {
-		removed, err := s.reconcileMappedParents(ctx)
-		s.startup.MappedParentsRemoved = removed
-		if err != nil {
-			return err
+	registered, err := s.reconcileMappedParents(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile mapped parents at start: %w", err)
+	}
+	for _, name := range unmounted {
+		if _, ok := registered[name]; !ok || s.mapped == nil {
+			log.G(ctx).WithField("view", filepath.Join(s.root, mappedDir, name)).Info("removed stale view no snapshot uses")
+			s.startup.MappedParentsRemoved = append(s.startup.MappedParentsRemoved, name)
 		}
 	}
 	log.G(ctx).WithField("orphans_removed", len(s.startup.OrphansRemoved)).

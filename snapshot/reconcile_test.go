@@ -42,9 +42,8 @@ func TestStartupReconciliation(t *testing.T) {
 	if err := sn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// "gone" leaves the registry (shim mode does not touch mounts): its mapped
-	// parent stays mounted with no user, as after a crash between the metadata
-	// commit and the unmount.
+	// "gone" leaves the registry in shim mode, whose start unmounts every
+	// mapped parent.
 	shim, err := New(root, Config{IDMap: IDMapShim})
 	if err != nil {
 		t.Fatal(err)
@@ -57,9 +56,12 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	shim.Close()
-	// The mapped parent of "live" was unmounted by someone: start must not
-	// remount it.
-	if err := unix.Unmount(views[0], unix.MNT_DETACH); err != nil {
+	// A crash between the metadata commit of the removal of "gone", its
+	// mapped parent's last user, and the unmount leaves a mount at its name.
+	if err := os.MkdirAll(views[1], 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", views[1], "tmpfs", 0, ""); err != nil {
 		t.Fatal(err)
 	}
 	live := listTree(t, root)

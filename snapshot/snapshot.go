@@ -7,10 +7,10 @@
 //	metadata.db  containerd's snapshot MetaStore (bbolt)
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
-//	t/           new snapshots' directories before their transaction
-//	             renames them into l/ and w/, and orphans being removed
-//	v/<n>        mapped parents: read-only idmapped mounts of l/, one per UID/GID mapping
-//	             in use (idmap mode "view"); v/ is a private bind mount
+//	t/           new snapshots' directories, made and renamed into l/ and
+//	             w/ inside their transaction, and orphans being removed
+//	v/<n>        mapped parents: read-only idmapped mounts of l/, one per
+//	             UID/GID mapping in use; v/ is a private bind mount
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
 // enough that the lowerdirs of a 500-layer chain fit one page once
@@ -41,13 +41,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmount"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
 )
 
 const (
 	layersDir = "l"
-	workDir   = "work"
 	worksDir  = "w"
 	tempDir   = "t"
 	mappedDir = "v"
@@ -71,12 +70,11 @@ const (
 	// the daemon's in containerd's diff service (one that is down would fail
 	// every diff and apply of every snapshotter).
 	IDMapAuto IDMapMode = "auto"
-	// IDMapMappedParent keeps one persistent idmapped mount of the layer
-	// parent (a mapped parent) per mapping and returns plain overlays
-	// through it: the shim makes one mount per container start whatever
-	// its version. Its configuration value keeps the word of release 1,
-	// "view", so that existing configuration files stay valid.
-	IDMapMappedParent IDMapMode = "view"
+	// IDMapMapped keeps one persistent idmapped mount of the layer parent
+	// (a mapped parent) per mapping and returns plain overlays through it:
+	// the shim makes one mount per container start whatever its version.
+	// The configuration accepts "view", its release-1 name, with a warning.
+	IDMapMapped IDMapMode = "mapped"
 	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
 	// idmap the layers at every mount, as the built-in overlayfs does.
 	IDMapShim IDMapMode = "shim"
@@ -99,19 +97,15 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	idmap   IDMapMode
 	options []string
-	mapped  *idmount.Parents // nil in shim mode
+	mapped  *mappedparent.Parents // nil in shim mode
 	// containerdRelease: see Config.ContainerdRelease.
 	containerdRelease func(ctx context.Context) (major, minor int, err error)
 	startup           StartupReport
-	// nextMapped is the next mapped-parent name (base 36) this process hands
-	// out; names are never handed out twice (see mapped.go).
+	// nextMapped is the next mapped-parent name (base 36) to hand out.
 	nextMapped atomic.Uint64
 	// mappingLocks hold, per mapping, every change of its registry entry
 	// and of its mapped parent's mount (see lockMapping).
 	mappingLocks *locker.Locker
-	// tempMu is held shared by a creation from its temporary directory to
-	// its transaction's end, and exclusively by Cleanup while it lists t/.
-	tempMu sync.RWMutex
 
 	closeOnce sync.Once
 	closeErr  error
@@ -131,9 +125,9 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	switch cfg.IDMap {
 	case "":
 		cfg.IDMap = IDMapAuto
-	case IDMapAuto, IDMapMappedParent, IDMapShim:
+	case IDMapAuto, IDMapMapped, IDMapShim:
 	default:
-		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMappedParent, IDMapShim, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMapped, IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
@@ -203,19 +197,23 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
+	// Every mode starts with nothing mounted under v/; reconcile mounts the
+	// registered mapped parents again in the modes that use them.
+	var unmounted []string
 	if cfg.IDMap != IDMapShim {
-		if s.mapped, err = idmount.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir)); err != nil {
-			ms.Close()
-			return nil, err
-		}
+		s.mapped, unmounted, err = mappedparent.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
+	} else {
+		unmounted, err = mappedparent.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
 	}
-	next, err := s.migrateFormat(context.Background())
 	if err != nil {
+		ms.Close()
+		return nil, err
+	}
+	if err := s.migrateFormat(context.Background()); err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.nextMapped.Store(next)
-	if err := s.reconcile(context.Background()); err != nil {
+	if err := s.reconcile(context.Background(), unmounted); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -227,11 +225,6 @@ func (s *Snapshotter) Root() string { return s.root }
 
 // LayersDir returns the shared parent directory of every layer.
 func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
-
-// MappedParentsDir returns the directory the mapped parents (idmapped mounts
-// of LayersDir) are mounted in: mapped parent <name> of LayersDir()/<layer> is
-// MappedParentsDir()/<name>/<layer>.
-func (s *Snapshotter) MappedParentsDir() string { return filepath.Join(s.root, mappedDir) }
 
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
@@ -398,10 +391,10 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if mapping, err = idmap.FromLabels(info.Labels); err != nil {
 			return err
 		}
-		if s.needsMappedParent(snap, mapping) {
+		if s.mapped != nil && mayUseMappedParent(snap, mapping) {
 			var isUser bool
 			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
-				if s.idmap == IDMapMappedParent {
+				if s.idmap == IDMapMapped {
 					// reconcile registers every snapshot in use at start.
 					return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
 				}
@@ -423,12 +416,12 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	return nil, fmt.Errorf("mounts of %q: %w", key, err)
 }
 
-// needsMappedParent reports whether snap's layers may be shown through an
-// idmapped mapped parent: remapped, with layers, in a mode with mapped
-// parents. In auto mode, a snapshot is a mapped parent's user only if
-// newUsesMappedParent said so when it was made.
-func (s *Snapshotter) needsMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
-	return s.mapped != nil && mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
+// mayUseMappedParent reports whether snap may read its layers through a
+// mapped parent: remapped, with layers, and not committed. Whether it does
+// is in the registry: in auto mode newUsesMappedParent chose when it was
+// made, and shim mode mounts no mapped parent at all.
+func mayUseMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
+	return mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
 // lockMapping takes the lock of mapping m, nil for none, and returns its
@@ -483,31 +476,21 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	if s.mapped == nil || name == "" {
 		return
 	}
-	if err := s.mapped.Remove(name); err != nil {
-		log.G(ctx).WithError(err).WithField("view", name).Warn("failed to remove unused mapped parent; the next start removes it")
+	if err := s.mapped.Unmount(name); err != nil {
+		log.G(ctx).WithError(err).WithField("mapped_parent", name).Warn("failed to remove unused mapped parent; the next start removes it")
 		return
 	}
-	log.G(ctx).WithField("view", name).Debug("removed mapped parent: its last snapshot is gone")
+	log.G(ctx).WithField("mapped_parent", name).Debug("removed mapped parent: its last snapshot is gone")
 }
 
 // Commit turns an active snapshot into a committed one named name.
 //
-// It refuses to rebase (a snapshots.WithParent naming a parent other than
-// the snapshot's own), and the snapshotter does not declare containerd's
-// "rebase" capability. containerd rebases only in its parallel unpack,
-// which prepares each layer without its parent and applies the layer's tar
-// into that parentless directory: the applier cannot see the lower layers,
-// so a directory the tar does not list is created 0755 root:root over the
-// lower layer's owner and mode, and a whiteout written into a bind mount
-// deletes nothing and leaves no trace, so a file the image deleted comes
-// back. Nothing the snapshotter sees at Commit can tell those directories
-// and whiteouts apart from real ones, so such a layer cannot be made right
-// afterwards; sequential unpack (each layer prepared on its parent) gives
-// the image's exact tree. A containerd configured with a stale "rebase"
-// capability therefore gets a clear error here, never a different tree.
-// The error is a FailedPrecondition, not NotImplemented: containerd's
-// transfer service takes NotImplemented as "try another transferrer" and
-// would replace this message with its own.
+// It refuses to rebase (snapshots.WithParent naming another parent):
+// containerd rebases only in its parallel unpack, which applies each layer
+// without its parent, so whiteouts delete nothing and unlisted parent
+// directories get the wrong owner, and nothing at Commit can tell them from
+// real ones. The error is a FailedPrecondition: containerd's transfer
+// service takes NotImplemented as "try another transferrer".
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	if err := s.commit(ctx, name, key, opts); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
@@ -580,9 +563,35 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 }
 
 func (s *Snapshotter) remove(ctx context.Context, key string) error {
-	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	id, err := s.removeMetadata(ctx, key)
 	if err != nil {
 		return err
+	}
+	if testHooks.removingDirs != nil {
+		testHooks.removingDirs()
+	}
+	// No lock is held: a committed removal's ID is never handed out again,
+	// so nothing can take these paths meanwhile.
+	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
+		path, err := dir(id)
+		if err != nil {
+			return err
+		}
+		if err := os.RemoveAll(path); err != nil {
+			// The snapshot is gone; Cleanup will retry the directory.
+			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
+		}
+	}
+	return nil
+}
+
+// removeMetadata removes snapshot key from the metadata and unmounts its
+// mapped parent if it was the last user, under its mapping's lock, and
+// returns its ID.
+func (s *Snapshotter) removeMetadata(ctx context.Context, key string) (string, error) {
+	mapping, unlock, err := s.lockMappingOf(ctx, key)
+	if err != nil {
+		return "", err
 	}
 	defer unlock()
 	var id, freed string
@@ -601,22 +610,10 @@ func (s *Snapshotter) remove(ctx context.Context, key string) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
 	s.dropMappedParent(ctx, freed)
-	// A committed removal's ID is never handed out again, so nothing can
-	// take these paths meanwhile.
-	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
-		path, err := dir(id)
-		if err != nil {
-			return err
-		}
-		if err := os.RemoveAll(path); err != nil {
-			// The snapshot is gone; Cleanup will retry the directory.
-			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
-		}
-	}
-	return nil
+	return id, nil
 }
 
 // Walk calls fn for every snapshot matching the filters.
@@ -632,16 +629,11 @@ func (s *Snapshotter) Close() error {
 	return s.closeErr
 }
 
-// create makes a snapshot as containerd's overlay snapshotter does: its
-// directories are made under t/ first, then renamed into l/ and w/ inside
-// the metadata transaction that creates it, so a snapshot's directories
-// exist under their final names only once its ID is taken.
-//
-// A remapped snapshot with layers reads them through its mapping's mapped
-// parent. Under the mapping's lock, create finds the registered mapped
-// parent or mounts a new one, and only then runs the transaction that
-// registers the snapshot as its user; a new mapped parent whose transaction
-// fails is unmounted again. See docs/design.md.
+// create makes a snapshot as containerd's overlay snapshotter does: one
+// write transaction takes its ID and makes its directories (makeDirs).
+// A remapped snapshot with layers first finds or mounts its mapping's
+// mapped parent, under the mapping's lock, and the transaction registers
+// it as a user; a new mapped parent whose transaction fails is unmounted.
 func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, parent string, opts []snapshots.Opt) (_ []mount.Mount, retErr error) {
 	if err := checkKey("key", key); err != nil {
 		return nil, err
@@ -661,39 +653,6 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 	mapping, err := idmap.FromLabels(requested.Labels)
 	if err != nil {
 		return nil, err
-	}
-
-	// A view of layers needs no directory of its own; a view of nothing
-	// binds an empty one, as containerd's overlayfs does. Only an overlay
-	// (an active snapshot with a parent) uses a work directory.
-	var upper, work string
-	if kind == snapshots.KindActive || parent == "" {
-		s.tempMu.RLock()
-		defer s.tempMu.RUnlock()
-		// The temporary directories become the snapshot's own by their
-		// rename: a creation deletes no directory, since on ext4 without a
-		// journal every recently deleted inode slows the next allocations.
-		defer func() {
-			if retErr == nil {
-				return
-			}
-			for _, dir := range []string{upper, work} {
-				if dir == "" {
-					continue
-				}
-				if err := os.RemoveAll(dir); err != nil {
-					log.G(ctx).WithError(err).WithField("path", dir).Warn("failed to remove temporary directory, left for cleanup")
-				}
-			}
-		}()
-		if upper, err = s.mkdirTemp("new-", 0o755); err != nil {
-			return nil, err
-		}
-		if kind == snapshots.KindActive && parent != "" {
-			if work, err = s.mkdirTemp("work-", 0o711); err != nil {
-				return nil, err
-			}
-		}
 	}
 
 	var (
@@ -727,16 +686,14 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if err != nil {
 			return err
 		}
-		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
-			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
+		if len(snap.ParentIDs) > mountopts.MaxLowerDirs {
+			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountopts.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
-		if upper != "" {
-			if err := s.chownUpper(upper, snap, mapping); err != nil {
-				return err
-			}
+		// A view of layers needs no directory of its own; a view of nothing
+		// binds an empty one, as containerd's overlayfs does.
+		if kind == snapshots.KindActive || parent == "" {
 			var undo func()
-			if undo, err = s.moveIntoPlace(snap.ID, upper, work); err != nil {
-				undo()
+			if undo, err = s.makeDirs(snap, mapping); err != nil {
 				return err
 			}
 			placed = snap.ID
@@ -755,7 +712,7 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 			}
 		}
 		if mappedName != "" {
-			if err := useMappedParent(tx, mapping, snap.ID, mappedName, isNew); err != nil {
+			if err := useMappedParent(tx, mapping, snap.ID, mappedName); err != nil {
 				return err
 			}
 		}
@@ -806,7 +763,8 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 		return
 	}
 	for _, dir := range dirs {
-		if err := os.RemoveAll(dir); err != nil {
+		// Fresh directories, empty: nothing was mounted on them yet.
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
 		}
 	}
@@ -818,7 +776,7 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
 	switch {
 	case s.idmap != IDMapAuto:
-		return s.idmap == IDMapMappedParent
+		return s.idmap == IDMapMapped
 	case s.containerdRelease == nil:
 		return true
 	}
@@ -833,13 +791,9 @@ func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
 }
 
 // AutoUsesMappedParents reports whether mode auto gives user-namespaced
-// snapshots mapped parents on containerd major.minor: before 2.3. From 2.3
-// containerd's walking differ reads a container's overlay with
-// uidmap=/gidmap= options unmapped (its read-only mount for a diff drops
-// them), so the shim's shape diffs to the container's changes alone. Older
-// releases idmap that mount, and their diff of any user-namespaced
-// container shows every layer re-owned; there a mapped parent costs
-// nothing in correctness.
+// snapshots mapped parents on containerd major.minor: before 2.3, whose
+// differ idmaps the shim's shape too, so a mapped parent costs no diff
+// correctness there; from 2.3 the differ reads the shim's shape unmapped.
 func AutoUsesMappedParents(major, minor int) bool {
 	return major < 2 || major == 2 && minor < 3
 }
@@ -855,34 +809,76 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 	if err != nil {
 		return "", false, err
 	}
-	if name == "" {
-		name, isNew = strconv.FormatUint(s.nextMapped.Add(1)-1, 36), true
-	}
 	if testHooks.makeMappedParent != nil {
 		if err := testHooks.makeMappedParent(); err != nil {
 			return "", false, err
 		}
 	}
-	if err := s.mapped.Ensure(name, m); err != nil {
-		if isNew {
-			s.dropMappedParent(ctx, name)
-		}
+	if name != "" {
+		// A registered mapped parent was mounted at start or by the
+		// creation that registered it.
+		return name, false, nil
+	}
+	name = s.nextMappedName()
+	if err := s.mapped.Mount(name, m); err != nil {
+		s.dropMappedParent(ctx, name)
 		return "", false, err
 	}
-	return name, isNew, nil
+	return name, true, nil
 }
 
-// mkdirTemp makes a new directory under t/ with mode perm.
-func (s *Snapshotter) mkdirTemp(prefix string, perm os.FileMode) (string, error) {
-	dir, err := os.MkdirTemp(filepath.Join(s.root, tempDir), prefix)
-	if err != nil {
-		return "", fmt.Errorf("create temporary directory: %w", err)
+// makeDirs makes snap's upper directory, and its work directory for an
+// overlay, under t/, where ext4 spreads new directories over block groups
+// (see markTopDir), gives the upper its owner and renames them to snap's
+// names, inside the transaction that took snap's ID. undo removes them,
+// still empty, before that transaction rolls back.
+func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (undo func(), err error) {
+	var made []string
+	undo = func() {
+		for _, dir := range made {
+			if err := os.Remove(dir); err != nil {
+				log.L.WithError(err).WithField("path", dir).Warn("failed to remove the directory of a failed creation, left for cleanup")
+			}
+		}
 	}
-	if err := os.Chmod(dir, perm); err != nil {
-		os.Remove(dir)
-		return "", fmt.Errorf("create temporary directory: %w", err)
+	defer func() {
+		if err != nil {
+			undo()
+		}
+	}()
+	type dir struct {
+		prefix string
+		perm   os.FileMode
+		path   func(string) (string, error)
 	}
-	return dir, nil
+	dirs := []dir{{"new-", 0o755, s.layerPath}}
+	if snap.Kind == snapshots.KindActive && len(snap.ParentIDs) > 0 {
+		dirs = append(dirs, dir{"work-", 0o711, s.workPath})
+	}
+	for i, d := range dirs {
+		tmp, err := os.MkdirTemp(filepath.Join(s.root, tempDir), d.prefix)
+		if err != nil {
+			return nil, fmt.Errorf("create temporary directory: %w", err)
+		}
+		made = append(made, tmp)
+		if err := os.Chmod(tmp, d.perm); err != nil {
+			return nil, fmt.Errorf("create temporary directory: %w", err)
+		}
+		if i == 0 {
+			if err := s.chownUpper(tmp, snap, mapping); err != nil {
+				return nil, err
+			}
+		}
+		to, err := d.path(snap.ID)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.renameOverStale(tmp, to); err != nil {
+			return nil, err
+		}
+		made[len(made)-1] = to
+	}
+	return undo, nil
 }
 
 // chownUpper gives a new upper directory its owner: the mapped root of a
@@ -916,51 +912,36 @@ func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *i
 	return nil
 }
 
-// moveIntoPlace renames a new snapshot's upper (and work directory, if any)
-// to the names of snapshot id, inside the transaction that took id. undo
-// moves back what it moved.
-func (s *Snapshotter) moveIntoPlace(id, upper, work string) (undo func(), err error) {
-	var moved [][2]string
-	undo = func() {
-		for _, m := range moved {
-			if err := os.Rename(m[1], m[0]); err != nil {
-				log.L.WithError(err).WithField("path", m[1]).Warn("failed to move back the directory of a failed creation, left for cleanup")
-			}
-		}
-	}
-	targets := []func(string) (string, error){s.layerPath, s.workPath}
-	for i, from := range []string{upper, work} {
-		if from == "" {
-			continue
-		}
-		to, err := targets[i](id)
-		if err != nil {
-			return undo, err
-		}
-		if err := renameOverStale(from, to); err != nil {
-			return undo, err
-		}
-		moved = append(moved, [2]string{from, to})
-	}
-	return undo, nil
-}
-
 // renameOverStale renames from to to. Something already at to is the
 // leftover of a creation with the same ID whose transaction never committed
 // (a crash, or a failed commit, hands its ID out again): the caller's
-// transaction holds that ID now, so it is removed first.
-func renameOverStale(from, to string) error {
+// transaction holds that ID now, so it is moved into t/ for Cleanup, not
+// removed while the transaction waits.
+func (s *Snapshotter) renameOverStale(from, to string) error {
 	err := os.Rename(from, to)
 	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTDIR) {
-		if err := os.RemoveAll(to); err != nil {
-			return fmt.Errorf("remove stale %q: %w", to, err)
+		if _, err = s.moveToTemp(to, "stale-"); err == nil {
+			err = os.Rename(from, to)
 		}
-		err = os.Rename(from, to)
 	}
 	if err != nil {
 		return fmt.Errorf("move new snapshot directory into place: %w", err)
 	}
 	return nil
+}
+
+// moveToTemp moves path into a new directory under t/, whose name starts
+// with prefix, and returns that directory.
+func (s *Snapshotter) moveToTemp(path, prefix string) (string, error) {
+	dir, err := os.MkdirTemp(filepath.Join(s.root, tempDir), prefix)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Rename(path, filepath.Join(dir, filepath.Base(path))); err != nil {
+		os.Remove(dir)
+		return "", fmt.Errorf("move %q out of place: %w", path, err)
+	}
+	return dir, nil
 }
 
 // mounts builds the one mount of a snapshot: a bind for a snapshot without
@@ -969,7 +950,7 @@ func renameOverStale(from, to string) error {
 // mappedName is the mapped parent the layers are read through, "" for none.
 func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
-	if mapping != nil && mappedName == "" && s.idmap != IDMapMappedParent {
+	if mapping != nil && mappedName == "" && s.idmap != IDMapMapped {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
 	lowerParent := filepath.Join(s.root, layersDir)
@@ -992,13 +973,13 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 			if err != nil {
 				return nil, err
 			}
-			m, err := mountgroup.Bind(dir, true)
+			m, err := mountopts.Bind(dir, true)
 			return []mount.Mount{m}, err
 		case 1:
-			m, err := mountgroup.Bind(lowers[0], true, flags...)
+			m, err := mountopts.Bind(lowers[0], true, flags...)
 			return []mount.Mount{m}, err
 		}
-		m, err := mountgroup.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
+		m, err := mountopts.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
 		return []mount.Mount{m}, err
 	}
 
@@ -1008,14 +989,14 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 	}
 	if len(lowers) == 0 {
 		// Nothing to idmap: the upper already belongs to the mapped root.
-		m, err := mountgroup.Bind(upper, false)
+		m, err := mountopts.Bind(upper, false)
 		return []mount.Mount{m}, err
 	}
 	work, err := s.workPath(snap.ID)
 	if err != nil {
 		return nil, err
 	}
-	m, err := mountgroup.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
+	m, err := mountopts.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
 	return []mount.Mount{m}, err
 }
 
@@ -1026,45 +1007,39 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return err
 }
 
-// RemoveOrphans removes what Orphans lists and returns the directories it
-// removed, logging each one. It removes all it can and reports every failure.
-//
-// An orphan under l/ or w/ is named after a snapshot ID that no committed
-// transaction holds, which the next creation may take: it is moved into t/
-// inside a write transaction, which keeps creations out meanwhile, and
-// removed from there outside any transaction, so that a large orphan holds
-// no other call up.
+// RemoveOrphans removes what Orphans lists and returns what it removed,
+// logging each one; it removes all it can and reports every failure. It
+// lists them in a write transaction, where no creation is under way and
+// none can take an orphan's name, moves those under l/ and w/ into t/, and
+// removes them after it, so that a large orphan holds no other call up.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	type orphan struct{ path, now string }
 	var (
 		garbage []orphan
 		errs    []error
 	)
-	// No creation is between its temporary directory and its transaction's
-	// end while t/ is listed.
-	s.tempMu.Lock()
-	temps, err := s.tempDirs()
-	for _, dir := range temps {
-		garbage = append(garbage, orphan{dir, dir})
-	}
-	if err == nil {
-		err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-			orphans, err := s.ownerless(ctx)
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		temps, err := s.tempDirs()
+		if err != nil {
+			return err
+		}
+		for _, dir := range temps {
+			garbage = append(garbage, orphan{dir, dir})
+		}
+		orphans, err := s.ownerless(ctx)
+		if err != nil {
+			return err
+		}
+		for _, dir := range orphans {
+			to, err := s.moveToTemp(dir, "gc-")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
-			for _, dir := range orphans {
-				to := filepath.Join(s.root, tempDir, "gc-"+filepath.Base(filepath.Dir(dir))+"-"+filepath.Base(dir))
-				if err := renameOverStale(dir, to); err != nil {
-					errs = append(errs, fmt.Errorf("move orphan %q out of place: %w", dir, err))
-					continue
-				}
-				garbage = append(garbage, orphan{dir, to})
-			}
-			return nil
-		})
-	}
-	s.tempMu.Unlock()
+			garbage = append(garbage, orphan{dir, to})
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
@@ -1086,27 +1061,28 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 	return removed, nil
 }
 
-// Orphans lists the directories Cleanup would remove.
+// Orphans lists the directories Cleanup would remove. It reads in a write
+// transaction, rolled back, so that no creation is under way.
 func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
-	s.tempMu.Lock()
-	defer s.tempMu.Unlock()
+	ctx, t, err := s.ms.TransactionContext(ctx, true)
+	if err != nil {
+		return nil, fmt.Errorf("find orphaned directories: %w", err)
+	}
+	defer t.Rollback()
 	orphans, err := s.tempDirs()
 	if err != nil {
 		return nil, err
 	}
-	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		ownerless, err := s.ownerless(ctx)
-		orphans = append(orphans, ownerless...)
-		return err
-	})
+	ownerless, err := s.ownerless(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
-	return orphans, nil
+	return append(orphans, ownerless...), nil
 }
 
-// tempDirs lists t/: temporary directories of creations that are not under
-// way (the caller holds tempMu), and orphans moved there to be removed.
+// tempDirs lists t/: temporary directories of creations that did not
+// finish (the caller's write transaction keeps those under way out), and
+// orphans moved there to be removed.
 func (s *Snapshotter) tempDirs() ([]string, error) {
 	parent := filepath.Join(s.root, tempDir)
 	entries, err := os.ReadDir(parent)
@@ -1151,8 +1127,6 @@ func (s *Snapshotter) ownerless(ctx context.Context) ([]string, error) {
 // directory, for uninstalling and tests. Call it after Close; running
 // containers keep working.
 func (s *Snapshotter) UnmountMappedParents() error {
-	if s.mapped == nil {
-		return nil
-	}
-	return s.mapped.UnmountAll()
+	_, err := mappedparent.UnmountAll(filepath.Join(s.root, mappedDir))
+	return err
 }

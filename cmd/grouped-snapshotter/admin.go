@@ -12,8 +12,9 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"github.com/urfave/cli/v2"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // snapshotRow is one line of `ls`.
@@ -149,13 +150,13 @@ func mappedParentsCommand() *cli.Command {
 		Usage:   "list the mapped parents (idmapped mounts of the layer parent, one per UID/GID mapping): mapping, users, mount point",
 		Flags:   clientFlags(),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
-			var parents []server.MappedParent
+			var parents []snapshot.MappedParent
 			if err := server.CallAdmin(c.Context, d.conn, "MappedParents", &parents); err != nil {
 				return fmt.Errorf("list mapped parents: %w", err)
 			}
 			if c.Bool("json") {
 				if parents == nil {
-					parents = []server.MappedParent{}
+					parents = []snapshot.MappedParent{}
 				}
 				return printJSON(parents)
 			}
@@ -210,7 +211,7 @@ func configCommand() *cli.Command {
 			Name:  "default",
 			Usage: "print the built-in default configuration as TOML",
 			Action: func(c *cli.Context) error {
-				out, err := toml.Marshal(plugin.DefaultConfig())
+				out, err := toml.Marshal(config.DefaultConfig())
 				if err != nil {
 					return err
 				}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/preflight"
 )
 
@@ -20,7 +20,7 @@ func checkCommand() *cli.Command {
 			&cli.StringFlag{Name: "address", Usage: "the daemon's socket (overrides the config file)"},
 			&cli.StringFlag{Name: "containerd-address", Value: "/run/containerd/containerd.sock", Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "containerd-config", Value: "/etc/containerd/config.toml", Usage: "containerd's config file (imports are followed)"},
-			&cli.StringFlag{Name: "name", Value: plugin.Name, Usage: "the snapshotter's name in containerd's proxy_plugins"},
+			&cli.StringFlag{Name: "name", Value: config.Name, Usage: "the snapshotter's name in containerd's proxy_plugins"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
@@ -32,7 +32,7 @@ func checkCommand() *cli.Command {
 				Name:              c.String("name"),
 				Root:              cfg.RootPath,
 				Address:           cfg.Address,
-				IDMap:             cfg.IDMap,
+				IDMap:             string(cfg.SnapshotterConfig().IDMap),
 				ContainerdAddress: c.String("containerd-address"),
 				ContainerdConfig:  c.String("containerd-config"),
 				MinFreeBytes:      2 << 30,
@@ -44,6 +44,9 @@ func checkCommand() *cli.Command {
 					return d.Close()
 				},
 			})
+			for _, msg := range cfg.Deprecations() {
+				results = append(results, preflight.Result{Name: "config", Status: preflight.Warn, Detail: msg})
+			}
 			if c.Bool("json") {
 				if err := printJSON(results); err != nil {
 					return err

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 )
 
 // daemonClient is a connection to a running daemon.
@@ -69,7 +69,7 @@ func withDaemon(fn func(c *cli.Context, d *daemonClient) error) cli.ActionFunc {
 }
 
 func (d *daemonClient) snapshotter() snapshots.Snapshotter {
-	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(d.conn), plugin.Name)
+	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(d.conn), config.Name)
 }
 
 func (d *daemonClient) Close() error { return d.conn.Close() }

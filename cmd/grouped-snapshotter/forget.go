@@ -8,8 +8,8 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/urfave/cli/v2"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/forget"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
 // forgetCommand removes containerd's records of grouped's snapshots, the
@@ -21,7 +21,7 @@ func forgetCommand() *cli.Command {
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
-			&cli.StringFlag{Name: "snapshotter", Value: plugin.Name, Usage: "grouped-snapshotter's name in containerd's config"},
+			&cli.StringFlag{Name: "snapshotter", Value: config.Name, Usage: "grouped-snapshotter's name in containerd's config"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {

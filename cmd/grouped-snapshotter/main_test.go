@@ -14,8 +14,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
 var daemonBin string
@@ -130,11 +130,11 @@ func TestConfigDefaultDecodesToDefaults(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "c.toml")
 	os.WriteFile(path, out, 0o600)
-	cfg, err := plugin.LoadConfig(path)
+	cfg, err := config.LoadConfig(path)
 	if err != nil {
 		t.Fatalf("`config default` output does not load strictly: %v\n%s", err, out)
 	}
-	def := plugin.DefaultConfig()
+	def := config.DefaultConfig()
 	if cfg.RootPath != def.RootPath || cfg.Address != def.Address || cfg.IDMap != def.IDMap || cfg.LogLevel != def.LogLevel || cfg.MetricsAddress != def.MetricsAddress {
 		t.Errorf("`config default` = %+v, want %+v", cfg, def)
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 )
 
 const defaultContainerdAddress = "/run/containerd/containerd.sock"
@@ -42,7 +42,7 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "k8s.io", Usage: "containerd namespace of the images (kubelet's is k8s.io)"},
 			&cli.StringSliceFlag{Name: "image", Usage: "an image reference to move (repeatable); default every image of the namespace"},
-			&cli.StringFlag{Name: "snapshotter", Value: plugin.Name, Usage: "grouped-snapshotter's name in containerd's config"},
+			&cli.StringFlag{Name: "snapshotter", Value: config.Name, Usage: "grouped-snapshotter's name in containerd's config"},
 			&cli.StringFlag{Name: "overlayfs", Value: other, Usage: "the other snapshotter's name in containerd"},
 			&cli.StringFlag{Name: "platform", Usage: "platform of the images' layers (default the host's)"},
 			&cli.StringFlag{Name: "lock-dir", Value: "/run", Usage: "directory of the lock file that keeps two runs apart"},

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 
-	"github.com/moby/sys/mountinfo"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
@@ -47,7 +47,7 @@ func purgeCommand() *cli.Command {
 	}
 }
 
-// purgeRoot unmounts every mount under root, deepest first, and removes
+// purgeRoot unmounts every mount under root and removes
 // root. It refuses a directory that is not a snapshotter root, and one whose
 // metadata another process holds open (bbolt keeps an flock on it).
 func purgeRoot(root string) (bool, error) {
@@ -70,20 +70,8 @@ func purgeRoot(root string) (bool, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return false, fmt.Errorf("purge %q: %s is in use (is grouped-snapshotter still running?): %w", root, meta, err)
 	}
-	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(root)))
-	if err != nil {
-		return false, fmt.Errorf("purge %q: list mounts: %w", root, err)
-	}
-	mounts := make([]string, len(infos))
-	for i, info := range infos {
-		mounts[i] = info.Mountpoint
-	}
-	// Deepest first: the mapped parents under v/ before v/ itself.
-	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
-	for _, m := range mounts {
-		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
-			return false, fmt.Errorf("purge %q: unmount %s: %w", root, m, err)
-		}
+	if _, err := mappedparent.UnmountAll(root); err != nil {
+		return false, fmt.Errorf("purge %q: %w", root, err)
 	}
 	if err := os.RemoveAll(root); err != nil {
 		return false, fmt.Errorf("purge %q: %w", root, err)

@@ -15,23 +15,23 @@ import (
 	"github.com/urfave/cli/v2"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 const (
-	defaultConfigPath = plugin.DefaultConfigPath
+	defaultConfigPath = config.DefaultConfigPath
 	// shutdownTimeout bounds how long in-flight calls may hold up an exit.
 	shutdownTimeout = 30 * time.Second
 )
 
 // loadConfig reads --config (or the default file if present) and applies
 // the flags over it.
-func loadConfig(c *cli.Context) (plugin.Config, error) {
-	cfg := plugin.DefaultConfig()
+func loadConfig(c *cli.Context) (config.Config, error) {
+	cfg := config.DefaultConfig()
 	path := flagString(c, "config")
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
@@ -40,7 +40,7 @@ func loadConfig(c *cli.Context) (plugin.Config, error) {
 	}
 	if path != "" {
 		var err error
-		if cfg, err = plugin.LoadConfig(path); err != nil {
+		if cfg, err = config.LoadConfig(path); err != nil {
 			return cfg, err
 		}
 	}
@@ -92,22 +92,14 @@ func setGOMAXPROCS(configured int, env string) (int, string) {
 // daemonAdmin answers the admin CLI's questions about the running daemon.
 type daemonAdmin struct {
 	sn  *snapshot.Snapshotter
-	cfg plugin.Config
+	cfg config.Config
 }
 
 func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
 }
-func (a daemonAdmin) MappedParents(ctx context.Context) ([]server.MappedParent, error) {
-	infos, err := a.sn.MappedParents(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]server.MappedParent, len(infos))
-	for i, p := range infos {
-		out[i] = server.MappedParent{Name: p.Name, UIDMap: p.UIDMap, GIDMap: p.GIDMap, Users: p.Users, Path: p.Path, Mounted: p.Mounted}
-	}
-	return out, nil
+func (a daemonAdmin) MappedParents(ctx context.Context) ([]snapshot.MappedParent, error) {
+	return a.sn.MappedParents(ctx)
 }
 func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {

@@ -143,13 +143,13 @@ func (n node) admin(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-func (n node) views(t *testing.T) []snapshot.MappedParentInfo {
+func (n node) views(t *testing.T) []snapshot.MappedParent {
 	t.Helper()
 	out, err := n.admin(t.Context(), "views", "--json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v []snapshot.MappedParentInfo
+	var v []snapshot.MappedParent
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("decode views: %v\n%s", err, out)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +12,6 @@ import (
 	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
@@ -64,45 +64,91 @@ func serve(t *testing.T, addr, version string) (asked *atomic.Int32, stop func()
 	return asked, srv.Stop
 }
 
-func TestRelease(t *testing.T) {
+// releaseWithin polls c until it knows containerd's release.
+func releaseWithin(t *testing.T, c *Client, d time.Duration) (major, minor int) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		major, minor, err := c.Release(t.Context())
+		if err == nil {
+			return major, minor
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("release not learned within %s: %v", d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReleaseNeverWaits checks that a dead containerd socket costs Release
+// nothing: it is on the path of every user-namespaced Prepare.
+func TestReleaseNeverWaits(t *testing.T) {
+	c, err := New(filepath.Join(t.TempDir(), "containerd.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 5 {
+		start := time.Now()
+		_, _, err := c.Release(t.Context())
+		if took := time.Since(start); took > 100*time.Millisecond {
+			t.Errorf("Release %d with no containerd took %s", i, took)
+		}
+		if err == nil || !strings.Contains(err.Error(), "containerd.sock") {
+			t.Errorf("Release %d with no containerd: err = %v, want one naming the socket", i, err)
+		}
+	}
+}
+
+// TestReleaseLearnedOnConnect checks that the release is learned without a
+// caller asking, once per connection: when containerd starts after the
+// client, and again when it restarts as another release.
+func TestReleaseLearnedOnConnect(t *testing.T) {
 	addr := filepath.Join(t.TempDir(), "containerd.sock")
 	c, err := New(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Nobody serves yet: an error naming the address, not a hang.
-	if _, _, err := c.Release(t.Context()); err == nil {
-		t.Fatal("Release with no containerd: no error")
-	}
-
 	asked, stop := serve(t, addr, "v2.4.2")
+	if major, minor := releaseWithin(t, c, 10*time.Second); major != 2 || minor != 4 {
+		t.Fatalf("Release = %d.%d, want 2.4", major, minor)
+	}
 	for range 3 {
-		major, minor, err := c.Release(t.Context())
-		if err != nil || major != 2 || minor != 4 {
+		if major, minor, err := c.Release(t.Context()); err != nil || major != 2 || minor != 4 {
 			t.Fatalf("Release = %d, %d, %v; want 2, 4", major, minor, err)
 		}
 	}
 	if n := asked.Load(); n != 1 {
-		t.Errorf("containerd asked %d times for 3 answers on one connection, want once", n)
+		t.Errorf("containerd asked %d times on one connection, want once", n)
 	}
 
 	// An upgrade: containerd restarts with another release on the socket.
-	// containerd takes a while to come back, long after its old connection
-	// is seen to close: wait for that here.
 	stop()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if !c.conn.WaitForStateChange(ctx, connectivity.Ready) {
-		t.Fatal("the client never saw containerd's connection close")
+	deadline := time.Now().Add(10 * time.Second)
+	for _, _, err := c.Release(t.Context()); err == nil; _, _, err = c.Release(t.Context()) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never saw containerd's connection close")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	asked, _ = serve(t, addr, "v2.3.0")
-	major, minor, err := c.Release(t.Context())
-	if err != nil || major != 2 || minor != 3 {
-		t.Fatalf("Release after containerd restarted = %d, %d, %v; want 2, 3", major, minor, err)
+	if major, minor := releaseWithin(t, c, 10*time.Second); major != 2 || minor != 3 {
+		t.Fatalf("Release after containerd restarted = %d.%d, want 2.3", major, minor)
 	}
 	if n := asked.Load(); n != 1 {
 		t.Errorf("the restarted containerd was asked %d times, want once", n)
+	}
+}
+
+func TestAsk(t *testing.T) {
+	addr := filepath.Join(t.TempDir(), "containerd.sock")
+	if _, _, err := Ask(t.Context(), addr); err == nil {
+		t.Fatal("Ask with no containerd: no error")
+	}
+	serve(t, addr, "v2.2.1")
+	if major, minor, err := Ask(t.Context(), addr); err != nil || major != 2 || minor != 2 {
+		t.Fatalf("Ask = %d, %d, %v; want 2, 2", major, minor, err)
 	}
 }
 

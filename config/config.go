@@ -1,8 +1,8 @@
-// Package plugin holds grouped-snapshotter's configuration, shared by the
+// Package config holds grouped-snapshotter's configuration, shared by the
 // standalone daemon and the in-process containerd plugin. Importing it
-// registers nothing: the in-process registration is package
-// plugin/register, imported for its side effect.
-package plugin
+// registers nothing: the in-process registration is package plugin,
+// imported for its side effect.
+package config
 
 import (
 	"bytes"
@@ -11,17 +11,18 @@ import (
 	"os"
 	"strings"
 
-	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
-// Capabilities are what containerd must be told the snapshotter supports.
-// An in-process plugin reports them itself; for the proxy plugin they go in
-// containerd's config (proxy_plugins.grouped.capabilities).
-var Capabilities = []string{"remap-ids", snapshots.RebaseCap}
+// Capabilities are what containerd must be told the snapshotter supports:
+// the in-process plugin declares them, and the proxy plugin's entry in
+// containerd's config (proxy_plugins.grouped.capabilities, written by
+// install.sh) lists the same. Never "rebase": containerd's parallel unpack
+// loses whiteouts and parent directories' owners, and Commit refuses it.
+var Capabilities = []string{"remap-ids"}
 
 const (
 	// Name is the snapshotter's name in containerd (proxy_plugins.<Name>).
@@ -137,16 +138,23 @@ func (c Config) Validate() error {
 		return fmt.Errorf("log_level %q must be trace, debug, info, warn or error: %w", c.LogLevel, errdefs.ErrInvalidArgument)
 	}
 	switch snapshot.IDMapMode(c.IDMap) {
-	case snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim:
+	case snapshot.IDMapAuto, snapshot.IDMapMapped, snapshot.IDMapShim, idmapView:
 	default:
-		return fmt.Errorf("idmap %q must be %q, %q or %q: %w", c.IDMap, snapshot.IDMapAuto, snapshot.IDMapMappedParent, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("idmap %q must be %q, %q or %q: %w", c.IDMap, snapshot.IDMapAuto, snapshot.IDMapMapped, snapshot.IDMapShim, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
+// idmapView is the mapped-parent mode's release-1 name, deprecated.
+const idmapView = "view"
+
 // SnapshotterConfig is the part of Config the snapshotter itself uses.
 func (c Config) SnapshotterConfig() snapshot.Config {
-	return snapshot.Config{IDMap: snapshot.IDMapMode(c.IDMap), MountOptions: c.MountOptions}
+	mode := snapshot.IDMapMode(c.IDMap)
+	if mode == idmapView {
+		mode = snapshot.IDMapMapped
+	}
+	return snapshot.Config{IDMap: mode, MountOptions: c.MountOptions}
 }
 
 // Deprecations returns a warning for each deprecated key the config sets.
@@ -156,6 +164,9 @@ func (c Config) Deprecations() []string {
 	var out []string
 	if c.SysmonPolling != nil {
 		out = append(out, "sysmon_polling is deprecated and ignored: the daemon no longer re-executes itself to keep Go's system monitor polling; remove the key, it will be refused in the next release")
+	}
+	if c.IDMap == idmapView {
+		out = append(out, `idmap = "view" is deprecated: it is now called "mapped" (containerd calls its read-only snapshots views); it works the same, and will be refused in a later release`)
 	}
 	if c.UsernsSpares != nil {
 		out = append(out, "userns_spares is deprecated and ignored: user namespaces for mapped parents come from containerd's helper, with no spare processes; remove the key, it will be refused in the next release")

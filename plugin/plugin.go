@@ -1,12 +1,12 @@
-// Package register registers grouped-snapshotter as a snapshot plugin in
+// Package plugin registers grouped-snapshotter as a snapshot plugin in
 // containerd's plugin registry, for a containerd built with it in process
 // (like the built-in overlayfs). Import it for that side effect only:
 //
-//	import _ "github.com/grouped-snapshotter/grouped-snapshotter/plugin/register"
+//	import _ "github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 //
-// The standalone daemon does not import it; package plugin, the
-// configuration, registers nothing.
-package register
+// The standalone daemon does not import it; package config, the
+// configuration both share, registers nothing.
+package plugin
 
 import (
 	"context"
@@ -14,12 +14,13 @@ import (
 
 	"github.com/containerd/containerd/v2/plugins"
 	"github.com/containerd/containerd/v2/version"
+	"github.com/containerd/log"
 	"github.com/containerd/platforms"
 	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
-	"github.com/grouped-snapshotter/grouped-snapshotter/plugin"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -28,12 +29,12 @@ import (
 func init() {
 	registry.Register(&cplugin.Registration{
 		Type:   plugins.SnapshotPlugin,
-		ID:     plugin.Name,
+		ID:     config.Name,
 		Config: inProcessDefaults(),
 		InitFn: func(ic *cplugin.InitContext) (any, error) {
-			cfg, ok := ic.Config.(*plugin.Config)
+			cfg, ok := ic.Config.(*config.Config)
 			if !ok {
-				return nil, fmt.Errorf("%s snapshotter: unexpected config type %T", plugin.Name, ic.Config)
+				return nil, fmt.Errorf("%s snapshotter: unexpected config type %T", config.Name, ic.Config)
 			}
 			if cfg.RootPath == "" {
 				cfg.RootPath = ic.Properties[plugins.PropertyRootDir]
@@ -41,8 +42,11 @@ func init() {
 			if err := cfg.Validate(); err != nil {
 				return nil, err
 			}
+			for _, msg := range cfg.Deprecations() {
+				log.G(ic.Context).Warn(msg)
+			}
 			ic.Meta.Platforms = append(ic.Meta.Platforms, platforms.DefaultSpec())
-			ic.Meta.Capabilities = append(ic.Meta.Capabilities, plugin.Capabilities...)
+			ic.Meta.Capabilities = append(ic.Meta.Capabilities, config.Capabilities...)
 			ic.Meta.Exports[plugins.SnapshotterRootDir] = cfg.RootPath
 			sc := cfg.SnapshotterConfig()
 			// In process, containerd's release is the one compiled in.
@@ -54,8 +58,8 @@ func init() {
 
 // inProcessDefaults are the daemon's defaults with no root of its own: in
 // process, containerd gives the plugin its root unless root_path is set.
-func inProcessDefaults() *plugin.Config {
-	c := plugin.DefaultConfig()
+func inProcessDefaults() *config.Config {
+	c := config.DefaultConfig()
 	c.RootPath = ""
 	return &c
 }

@@ -1,4 +1,4 @@
-package plugin
+package config
 
 import (
 	"os"
@@ -10,6 +10,8 @@ import (
 	"github.com/containerd/errdefs"
 	cplugin "github.com/containerd/plugin"
 	"github.com/containerd/plugin/registry"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 func writeConfig(t *testing.T, content string) string {
@@ -81,11 +83,11 @@ func TestLoadConfigOverridesDefaults(t *testing.T) {
 }
 
 // TestImportRegistersNothing checks that the configuration package has no
-// side effect on containerd's plugin registry (package plugin/register has).
+// side effect on containerd's plugin registry (package plugin has).
 func TestImportRegistersNothing(t *testing.T) {
 	for _, r := range registry.Graph(func(*cplugin.Registration) bool { return false }) {
 		if r.ID == Name {
-			t.Errorf("importing package plugin registered %s %q", r.Type, r.ID)
+			t.Errorf("importing package config registered %s %q", r.Type, r.ID)
 		}
 	}
 }
@@ -111,5 +113,30 @@ func TestDeprecatedKeysAccepted(t *testing.T) {
 	}
 	if w := DefaultConfig().Deprecations(); len(w) != 0 {
 		t.Errorf("default config: warnings %q, want none", w)
+	}
+}
+
+// TestIDMapViewIsMapped: the mapped-parent mode is "mapped"; "view", its
+// release-1 name, is accepted with a deprecation warning and means the same.
+func TestIDMapViewIsMapped(t *testing.T) {
+	cfg, err := LoadConfig(writeConfig(t, "idmap = \"mapped\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode := cfg.SnapshotterConfig().IDMap; mode != snapshot.IDMapMapped {
+		t.Errorf("idmap = \"mapped\" gives mode %q", mode)
+	}
+	if w := cfg.Deprecations(); len(w) != 0 {
+		t.Errorf("idmap = \"mapped\": warnings %q, want none", w)
+	}
+	cfg, err = LoadConfig(writeConfig(t, "idmap = \"view\"\n"))
+	if err != nil {
+		t.Fatalf("idmap = \"view\" refused: %v", err)
+	}
+	if mode := cfg.SnapshotterConfig().IDMap; mode != snapshot.IDMapMapped {
+		t.Errorf("idmap = \"view\" gives mode %q, want %q", mode, snapshot.IDMapMapped)
+	}
+	if w := cfg.Deprecations(); len(w) != 1 || !strings.Contains(w[0], `"view"`) || !strings.Contains(w[0], `"mapped"`) {
+		t.Errorf("idmap = \"view\": warnings %q, want one naming \"view\" and \"mapped\"", w)
 	}
 }

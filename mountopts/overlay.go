@@ -1,4 +1,4 @@
-package mountgroup
+package mountopts
 
 import (
 	"fmt"
@@ -170,68 +170,41 @@ func ShimMountData(m mount.Mount, pagesize int) (data, chdir string) {
 	return strings.Join(parts, ","), chdir
 }
 
-// relativeLowerdirs reproduces the shim's rewrite: the common directory is
-// the parent of the lowerdirs' longest common string prefix.
+// relativeLowerdirs reproduces the shim's rewrite: the lowerdirs of the
+// first lowerdir option become relative to the parent of their longest
+// common string prefix, and the option moves last. It keeps them as they
+// are when there are fewer than two, no such directory below /, or one of
+// them no longer than it.
 func relativeLowerdirs(options []string) (string, []string) {
-	idx, value := firstLowerdir(options)
-	common, ok := commonLowerParent(value)
-	if idx == -1 || !ok {
-		return "", options
-	}
-	dirs := strings.Split(value, ":")
-	rel := make([]string, len(dirs))
-	for i, d := range dirs {
-		rel[i] = d[len(common):]
-	}
-	out := make([]string, 0, len(options))
-	out = append(out, options[:idx]...)
-	out = append(out, options[idx+1:]...)
-	out = append(out, "lowerdir="+strings.Join(rel, ":"))
-	return common, out
-}
-
-// firstLowerdir returns the index and value of the first lowerdir option,
-// -1 without one.
-func firstLowerdir(options []string) (int, string) {
 	for i, o := range options {
-		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
-			return i, v
+		value, ok := strings.CutPrefix(o, "lowerdir=")
+		if !ok {
+			continue
 		}
-	}
-	return -1, ""
-}
-
-// commonLowerParent returns the directory, with a trailing slash, that the
-// shim makes the lowerdirs of value (":"-separated) relative to: the parent
-// of their longest common string prefix. ok is false when it keeps them as
-// they are: fewer than two, no such directory, or one of them no longer
-// than it.
-func commonLowerParent(value string) (common string, ok bool) {
-	if !strings.Contains(value, ":") {
-		return "", false
-	}
-	prefix, _, _ := strings.Cut(value, ":")
-	for d := range strings.SplitSeq(value, ":") {
-		n := 0
-		for n < len(prefix) && n < len(d) && prefix[n] == d[n] {
-			n++
+		dirs := strings.Split(value, ":")
+		prefix := dirs[0]
+		for _, d := range dirs[1:] {
+			n := 0
+			for n < len(prefix) && n < len(d) && prefix[n] == d[n] {
+				n++
+			}
+			prefix = prefix[:n]
 		}
-		prefix = prefix[:n]
-	}
-	if prefix == "" {
-		return "", false
-	}
-	common = path.Dir(prefix)
-	if common == "/" || common == "." {
-		return "", false
-	}
-	common += "/"
-	for d := range strings.SplitSeq(value, ":") {
-		if len(d) <= len(common) {
-			return "", false
+		common := path.Dir(prefix)
+		if len(dirs) < 2 || prefix == "" || common == "/" || common == "." {
+			return "", options
 		}
+		common += "/"
+		for k, d := range dirs {
+			if len(d) <= len(common) {
+				return "", options
+			}
+			dirs[k] = d[len(common):]
+		}
+		out := append(append(append([]string{}, options[:i]...), options[i+1:]...), "lowerdir="+strings.Join(dirs, ":"))
+		return common, out
 	}
-	return common, true
+	return "", options
 }
 
 // shimFlags are the options containerd's mount code turns into mount flags

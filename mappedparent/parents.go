@@ -1,12 +1,12 @@
-package idmount
+package mappedparent
 
 import (
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -21,50 +21,55 @@ import (
 // container's overlay has its own flags, so they do not affect it.
 const mappedAttrs = unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
 
-// Parents keeps one mapped parent per mapping: a read-only idmapped mount of
-// the layer parent, each mounted at <dir>/<name>. Callers choose the names,
+// Parents mounts mapped parents, read-only idmapped mounts of the layer
+// parent, each at <dir>/<name>. Callers choose the names, one per mapping,
 // count the users and serialise the calls for one name (package snapshot
-// holds the mapping's lock); Parents makes sure that what is mounted at a
-// name is exactly the mapped parent of the mapping asked for, and never
-// stacks two mounts at one name.
+// holds the mapping's lock).
 type Parents struct {
 	layers string
 	dir    string
-
-	mu      sync.Mutex
-	mounted map[string]string // name -> mapping.String() of a verified mapped parent
 
 	// syscalls counts the mount-family syscalls Parents made.
 	syscalls atomic.Uint64
 }
 
-// NewParents prepares dir to hold the mapped parents of layers: dir becomes
-// its own bind mount with private propagation, so mapped parents never
-// propagate into other mount namespaces. dir must not be inside layers.
-func NewParents(layers, dir string) (*Parents, error) {
+// NewParents prepares dir to hold the mapped parents of layers. It first
+// unmounts whatever is mounted at or under dir and returns the names it
+// unmounted: a previous run's mapped parents are never trusted, the caller
+// mounts again those its registry holds, so no kernel interface is needed
+// to tell which mapping a mount has. dir then becomes its own bind mount
+// with private propagation, so mapped parents never propagate into other
+// mount namespaces. dir must not be inside layers.
+func NewParents(layers, dir string) (*Parents, []string, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
-		return nil, fmt.Errorf("mapped-parents directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
+		return nil, nil, fmt.Errorf("mapped-parents directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
+	}
+	p := &Parents{layers: layers, dir: dir}
+	names, err := UnmountParents(dir, &p.syscalls)
+	if err != nil {
+		return nil, nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
+		return nil, nil, fmt.Errorf("create mapped-parents directory %q: %w", dir, err)
 	}
-	p := &Parents{layers: layers, dir: dir, mounted: map[string]string{}}
-	isMount, err := mountinfo.Mounted(dir)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if !isMount {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return nil, fmt.Errorf("bind mount mapped-parents directory %q onto itself: %w", dir, err)
-		}
-		p.syscalls.Add(1)
+	for _, e := range entries {
+		// Empty mount points; anything else stays for an operator to see.
+		os.Remove(filepath.Join(dir, e.Name()))
 	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return nil, nil, fmt.Errorf("bind mount mapped-parents directory %q onto itself: %w", dir, err)
 	}
 	p.syscalls.Add(1)
-	return p, nil
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return nil, nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
+	}
+	p.syscalls.Add(1)
+	return p, names, nil
 }
 
 // Dir returns the mapped-parents directory.
@@ -76,33 +81,14 @@ func (p *Parents) Path(name string) string { return filepath.Join(p.dir, name) }
 // Syscalls returns the number of mount-family syscalls made so far.
 func (p *Parents) Syscalls() uint64 { return p.syscalls.Load() }
 
-// Ensure makes sure the mapped parent of mapping m is mounted at name: it
-// reuses a mapped parent already there (also one a previous run of the daemon
-// made) when its idmapping is m, replaces one that is not, and creates a
-// missing one. The caller serialises calls for one name.
-func (p *Parents) Ensure(name string, m *idmap.Mapping) error {
-	want := m.String()
-	p.mu.Lock()
-	have, known := p.mounted[name]
-	p.mu.Unlock()
-	if known && have == want {
-		return nil
-	}
+// Mount mounts the mapped parent of mapping m at name, unless a mount is
+// there already: the caller gives a name to one mapping only, and
+// everything mounted before NewParents is gone, so that mount is m's, left
+// by an unmount that failed.
+func (p *Parents) Mount(name string, m *idmap.Mapping) error {
 	path := p.Path(name)
-	isMount, err := mountinfo.Mounted(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if isMount {
-		st, err := statMount(path)
-		if err == nil && st.UIDMap == m.UIDLabelValue() && st.GIDMap == m.GIDLabelValue() && st.Attr&mappedAttrs == mappedAttrs {
-			p.remember(name, want)
-			return nil
-		}
-		// Not the mapped parent we need (or unverifiable): never serve it.
-		if err := p.Remove(name); err != nil {
-			return err
-		}
+	if isMount, err := mountinfo.Mounted(path); err == nil && isMount {
+		return nil
 	}
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
@@ -110,14 +96,7 @@ func (p *Parents) Ensure(name string, m *idmap.Mapping) error {
 	if err := mountIDMapped(p.layers, path, m, &p.syscalls); err != nil {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
-	p.remember(name, want)
 	return nil
-}
-
-func (p *Parents) remember(name, mapping string) {
-	p.mu.Lock()
-	p.mounted[name] = mapping
-	p.mu.Unlock()
 }
 
 // mountIDMapped mounts a read-only idmapped mount of src with mapping m at
@@ -153,14 +132,11 @@ func mountIDMapped(src, target string, m *idmap.Mapping, calls *atomic.Uint64) e
 	return nil
 }
 
-// Remove unmounts the mapped parent called name, if mounted, and removes its
-// directory. Running containers keep working: their overlays hold their own
-// references to the layers. The caller serialises calls for one name.
-func (p *Parents) Remove(name string) error {
+// Unmount unmounts the mapped parent called name, if mounted, and removes
+// its directory. Running containers keep working: their overlays hold their
+// own references to the layers.
+func (p *Parents) Unmount(name string) error {
 	path := p.Path(name)
-	p.mu.Lock()
-	delete(p.mounted, name)
-	p.mu.Unlock()
 	for {
 		isMount, err := mountinfo.Mounted(path)
 		if errors.Is(err, os.ErrNotExist) {
@@ -183,38 +159,38 @@ func (p *Parents) Remove(name string) error {
 	return nil
 }
 
-// Names lists the entries of the mapped-parents directory.
-func (p *Parents) Names() ([]string, error) {
-	entries, err := os.ReadDir(p.dir)
-	if err != nil {
-		return nil, fmt.Errorf("list mapped parents %q: %w", p.dir, err)
+// UnmountParents unmounts the mapped parents under dir and dir's own bind
+// mount, counting the syscalls in calls, and returns the mapped parents'
+// names.
+func UnmountParents(dir string, calls *atomic.Uint64) ([]string, error) {
+	unmounted, err := UnmountAll(dir)
+	calls.Add(uint64(len(unmounted)))
+	var names []string
+	for _, mp := range unmounted {
+		if filepath.Dir(mp) == filepath.Clean(dir) {
+			names = append(names, filepath.Base(mp))
+		}
 	}
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	return names, nil
+	return names, err
 }
 
-// UnmountAll unmounts every mapped parent and the mapped-parents directory's
-// own bind mount, for uninstalling and for tests. Containers already running
-// keep working; Parents must not be used afterwards.
-func (p *Parents) UnmountAll() error {
-	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(p.dir))
+// UnmountAll unmounts every mount at or under dir, deepest first, and
+// returns their mount points: mapped parents and the mapped-parents
+// directory's own bind mount, or everything under a root being purged.
+// Running containers keep working: their overlays hold their own
+// references to the layers.
+func UnmountAll(dir string) ([]string, error) {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(dir)))
 	if err != nil {
-		return fmt.Errorf("list mounts under %q: %w", p.dir, err)
+		return nil, fmt.Errorf("list mounts under %q: %w", dir, err)
 	}
-	var errs []error
-	// mountinfo lists parents before children: unmount in reverse.
-	for i := len(mounts) - 1; i >= 0; i-- {
-		mp := mounts[i].Mountpoint
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %q: %w", mp, err))
+	sort.SliceStable(mounts, func(i, j int) bool { return len(mounts[i].Mountpoint) > len(mounts[j].Mountpoint) })
+	var done []string
+	for _, m := range mounts {
+		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+			return done, fmt.Errorf("unmount %q: %w", m.Mountpoint, err)
 		}
-		p.syscalls.Add(1)
+		done = append(done, m.Mountpoint)
 	}
-	p.mu.Lock()
-	p.mounted = map[string]string{}
-	p.mu.Unlock()
-	return errors.Join(errs...)
+	return done, nil
 }

@@ -1,4 +1,4 @@
-package idmount
+package mappedparent
 
 import (
 	"errors"

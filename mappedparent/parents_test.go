@@ -1,9 +1,11 @@
-package idmount
+package mappedparent
 
 import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -47,7 +49,7 @@ func newTestParents(t *testing.T) (*Parents, string) {
 			t.Fatal(err)
 		}
 	}
-	v, err := NewParents(layers, filepath.Join(root, "v"))
+	v, _, err := NewParents(layers, filepath.Join(root, "v"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func owner(t *testing.T, path string) (uint32, uint32) {
 func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
 	v, _ := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:200000:65536")
-	if err := v.Ensure("0", m); err != nil {
+	if err := v.Mount("0", m); err != nil {
 		t.Fatal(err)
 	}
 	if u, g := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 100000 || g != 200000 {
@@ -86,12 +88,14 @@ func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
 	if !errors.Is(err, syscall.EROFS) {
 		t.Errorf("write through the mapped parent: %v, want EROFS", err)
 	}
-	st, err := statMount(v.Path("0"))
-	if err != nil {
-		t.Fatal(err)
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(v.Path("0")))
+	if err != nil || len(mounts) != 1 {
+		t.Fatalf("mounts at the mapped parent: %v %v", mounts, err)
 	}
-	if st.UIDMap != "0:100000:65536" || st.GIDMap != "0:200000:65536" || st.Attr&mappedAttrs != mappedAttrs {
-		t.Errorf("statmount: %+v", st)
+	for _, opt := range []string{"ro", "nosuid", "nodev", "noexec", "idmapped"} {
+		if !slices.Contains(strings.Split(mounts[0].Options, ","), opt) {
+			t.Errorf("mapped parent's mount options %q lack %q", mounts[0].Options, opt)
+		}
 	}
 	// A layer created after the mapped parent is visible through it.
 	if err := os.Mkdir(filepath.Join(v.layers, "2"), 0o755); err != nil {
@@ -102,70 +106,67 @@ func TestMappedParentShowsMappedOwnersReadOnly(t *testing.T) {
 	}
 }
 
-func TestEnsureIsIdempotentAndSurvivesRestart(t *testing.T) {
+func TestMountIsIdempotentAndRestartUnmounts(t *testing.T) {
 	v, root := newTestParents(t)
 	m := mapping(t, "0:100000:65536", "0:100000:65536")
 	start := v.Syscalls()
-	if err := v.Ensure("0", m); err != nil {
+	if err := v.Mount("0", m); err != nil {
 		t.Fatal(err)
 	}
 	before := v.Syscalls()
 	// The count is live: a new mapped parent is open_tree, mount_setattr and
 	// move_mount (so "no new call" below is not a counter that never moves).
 	if n := before - start; n != 3 {
-		t.Errorf("Ensure of a new mapped parent made %d mount syscalls, want 3", n)
+		t.Errorf("Mount of a new mapped parent made %d mount syscalls, want 3", n)
 	}
 	for i := 0; i < 3; i++ {
-		if err := v.Ensure("0", m); err != nil {
+		if err := v.Mount("0", m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if v.Syscalls() != before {
-		t.Errorf("Ensure of an existing mapped parent made %d mount syscalls", v.Syscalls()-before)
-	}
-	// A new Parents on the same dirs (a daemon restart) recognises the mapped
-	// parent through statmount instead of stacking a second one.
-	v2, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := v2.Syscalls()
-	if err := v2.Ensure("0", m); err != nil {
-		t.Fatal(err)
-	}
-	if n := v2.Syscalls() - base; n != 0 {
-		t.Errorf("restart: Ensure made %d mount syscalls for an existing mapped parent", n)
+		t.Errorf("Mount of a mounted mapped parent made %d mount syscalls", v.Syscalls()-before)
 	}
 	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
 		t.Errorf("mounts at the mapped parent: %v, want exactly one", mps)
 	}
-	// A different mapping at the same name replaces the mapped parent, never
-	// stacks.
-	other := mapping(t, "0:300000:65536", "0:300000:65536")
-	if err := v2.Ensure("0", other); err != nil {
+	// A new Parents on the same dirs (a daemon restart) unmounts what the
+	// previous one left, whatever it maps, and says so.
+	v2, unmounted, err := NewParents(filepath.Join(root, "l"), filepath.Join(root, "v"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if mps, _ := mountsUnder(v.Path("0")); len(mps) != 1 {
-		t.Errorf("mounts at the mapped parent after a mapping change: %v, want exactly one", mps)
+	if !slices.Equal(unmounted, []string{"0"}) {
+		t.Errorf("restart unmounted %v, want [0]", unmounted)
+	}
+	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
+		t.Errorf("mounts under the mapped-parents dir after a restart: %v, want only the dir's own bind", mps)
+	}
+	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
+		t.Errorf("mapped parent directory left after a restart: %v", err)
+	}
+	other := mapping(t, "0:300000:65536", "0:300000:65536")
+	if err := v2.Mount("0", other); err != nil {
+		t.Fatal(err)
 	}
 	if u, _ := owner(t, filepath.Join(v.Path("0"), "1", "root-file")); u != 300000 {
-		t.Errorf("replaced mapped parent shows owner %d, want 300000", u)
+		t.Errorf("mapped parent made after a restart shows owner %d, want 300000", u)
 	}
-	if err := v2.Remove("0"); err != nil {
+	if err := v2.Unmount("0"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
-		t.Errorf("mapped parent directory left after Remove: %v", err)
+		t.Errorf("mapped parent directory left after Unmount: %v", err)
 	}
 	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
-		t.Errorf("mounts under the mapped-parents dir after Remove: %v, want only the dir's own bind", mps)
+		t.Errorf("mounts under the mapped-parents dir after Unmount: %v, want only the dir's own bind", mps)
 	}
 }
 
 func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 	requireRoot(t)
 	root := t.TempDir()
-	if _, err := NewParents(root, filepath.Join(root, "v")); err == nil {
+	if _, _, err := NewParents(root, filepath.Join(root, "v")); err == nil {
 		t.Fatal("NewParents accepted a mapped-parents directory inside the layer parent")
 	}
 }

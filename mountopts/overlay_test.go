@@ -1,13 +1,16 @@
-package mountgroup
+package mountopts
 
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
+	"github.com/moby/sys/mountinfo"
 )
 
 // chain returns n lowerdirs named like the snapshotter's (base 36 IDs),
@@ -155,5 +158,67 @@ func TestBind(t *testing.T) {
 	}
 	if _, err := Bind("rel", false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("relative bind source: %v", err)
+	}
+}
+
+// TestShimLowerdirLenMatchesShim mounts overlays with containerd's own
+// mount code, the shim's (core/mount), and reads back from the kernel the
+// lowerdir option it was given: ShimLowerdirLen must be its length, and
+// ShimMountData must have rewritten the lowerdirs relative to a directory
+// exactly when the shim did. The chains cross the shim's threshold
+// (pagesize-512 bytes of options) with short and long roots.
+func TestShimLowerdirLenMatchesShim(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	pagesize := os.Getpagesize()
+	seen := map[bool]int{} // relative lowerdirs or not
+	for _, tc := range []struct {
+		rootLen, layers int
+	}{{10, 1}, {10, 2}, {10, 20}, {120, 10}, {10, 100}, {10, 500}, {120, 20}, {120, 30}, {120, 200}, {200, 12}} {
+		t.Run(fmt.Sprintf("root%d-layers%d", tc.rootLen, tc.layers), func(t *testing.T) {
+			base := t.TempDir()
+			root := filepath.Join(base, strings.Repeat("r", tc.rootLen))
+			lowers := chain(root, 1, tc.layers)
+			for _, d := range append([]string{root + "/l/up", root + "/w/up"}, lowers...) {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m, err := Overlay{Lowers: lowers, Upper: root + "/l/up", Work: root + "/w/up", Options: []string{"index=off"}}.Mount()
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := t.TempDir()
+			if err := mount.All([]mount.Mount{m}, target); err != nil {
+				t.Fatal(err)
+			}
+			defer mount.UnmountAll(target, 0)
+			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(target))
+			if err != nil || len(mounts) != 1 {
+				t.Fatalf("mounts at %s: %v %v", target, mounts, err)
+			}
+			var kernel string
+			for _, o := range strings.Split(mounts[0].VFSOptions, ",") {
+				if strings.HasPrefix(o, "lowerdir=") {
+					kernel = o
+				}
+			}
+			if kernel == "" {
+				t.Fatalf("no lowerdir in the kernel's options %q", mounts[0].VFSOptions)
+			}
+			if got := ShimLowerdirLen(m, pagesize); got != len(kernel) {
+				t.Errorf("ShimLowerdirLen = %d, the shim gave the kernel %d bytes: %.120s", got, len(kernel), kernel)
+			}
+			_, chdir := ShimMountData(m, pagesize)
+			relative := !strings.HasPrefix(kernel, "lowerdir=/")
+			if relative != (chdir != "") {
+				t.Errorf("the shim made the lowerdirs relative: %v; ShimMountData's directory: %q", relative, chdir)
+			}
+			seen[relative]++
+		})
+	}
+	if seen[true] < 3 || seen[false] < 3 {
+		t.Errorf("%d cases with relative lowerdirs and %d with absolute ones, want at least 3 of each", seen[true], seen[false])
 	}
 }

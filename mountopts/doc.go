@@ -1,4 +1,4 @@
-// Package mountgroup turns a chain of layers kept under one shared parent
+// Package mountopts turns a chain of layers kept under one shared parent
 // directory into the single mount a container rootfs needs, and checks that
 // the kernel will take that mount as the shim will issue it.
 //
@@ -7,5 +7,5 @@
 // page of mount data the kernel accepts once containerd's shim rewrites the
 // lowerdirs relative to their common parent. The package builds mounts and
 // checks them; it mounts nothing itself. Idmapped mounts of the layer parent
-// are package idmount's.
-package mountgroup
+// are package mappedparent's.
+package mountopts
