@@ -369,7 +369,16 @@ func refusals(t *testing.T, env *harness.Env, n node, rs *restarter, bin string)
 				break
 			}
 			data, _ := os.ReadFile(outPath)
-			if strings.Contains(string(data), "\nimporting the images") {
+			// Restart once the import has made a layer in grouped: earlier,
+			// the import's first call would meet the restart, and the run
+			// would be refused before it began, not interrupted.
+			made, _ := os.ReadDir(filepath.Join(n.Root, "l"))
+			if strings.Contains(string(data), "\nimporting the images") && len(made) > 0 {
+				if len(made) >= interruptedLayers {
+					restartErr = fmt.Errorf("the import made all %d layers before the restart: nothing was interrupted", len(made))
+					break
+				}
+				t.Logf("restarting containerd with %d of %d layers made in grouped", len(made), interruptedLayers)
 				// Through the restarter, as every restart on this node.
 				restartOut, err := exec.CommandContext(ctx, n.RestartCommand).CombinedOutput()
 				if err != nil {
