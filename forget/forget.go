@@ -55,43 +55,61 @@ func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result
 	var r Result
 	sn := c.SnapshotService(snapshotter)
 	parent := map[string]string{}
-	children := map[string]int{}
 	if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
 		parent[info.Name] = info.Parent
-		if info.Parent != "" {
-			children[info.Parent]++
-		}
 		return nil
 	}); err != nil {
 		return r, fmt.Errorf("list snapshots: %w", err)
 	}
-	// A container's snapshot and its chain stay: removing them would take
-	// the root filesystem of a container that may still run.
 	containers, err := c.Containers(ctx)
 	if err != nil {
 		return r, fmt.Errorf("list containers: %w", err)
 	}
-	kept := map[string]bool{}
+	var inUse []string
 	for _, ctr := range containers {
 		info, err := ctr.Info(ctx)
 		if err != nil {
 			return r, fmt.Errorf("container %q: %w", ctr.ID(), err)
 		}
-		if info.Snapshotter != snapshotter {
-			continue
+		if info.Snapshotter == snapshotter {
+			inUse = append(inUse, info.SnapshotKey)
 		}
-		for key := info.SnapshotKey; key != "" && !kept[key]; key = parent[key] {
+	}
+	order, kept := plan(parent, inUse)
+	r.Kept = kept
+	for _, key := range order {
+		if err := sn.Remove(ctx, key); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return r, fmt.Errorf("remove snapshot %q: %w", key, err)
+		}
+		r.Removed++
+	}
+	return r, nil
+}
+
+// plan returns the snapshots of parent (key to parent key) to remove, in an
+// order containerd accepts (children before their parent), and the ones
+// kept, sorted: the snapshots of inUse (containers' keys) and their chains,
+// since removing them would take the root filesystem of a container that
+// may still run.
+func plan(parent map[string]string, inUse []string) (order, kept []string) {
+	children := map[string]int{}
+	for _, p := range parent {
+		if p != "" {
+			children[p]++
+		}
+	}
+	keep := map[string]bool{}
+	for _, key := range inUse {
+		for ; key != "" && !keep[key]; key = parent[key] {
 			if _, ok := parent[key]; !ok {
 				break
 			}
-			kept[key] = true
+			keep[key] = true
 		}
 	}
-	// Leaves first, so that containerd never refuses a parent with
-	// children; a chain is removed from its tip down.
 	var leaves []string
 	for key := range parent {
-		if children[key] == 0 && !kept[key] {
+		if children[key] == 0 && !keep[key] {
 			leaves = append(leaves, key)
 		}
 	}
@@ -99,19 +117,16 @@ func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result
 	for len(leaves) > 0 {
 		key := leaves[0]
 		leaves = leaves[1:]
-		if err := sn.Remove(ctx, key); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			return r, fmt.Errorf("remove snapshot %q: %w", key, err)
-		}
-		r.Removed++
+		order = append(order, key)
 		if p := parent[key]; p != "" {
-			if children[p]--; children[p] == 0 && !kept[p] {
+			if children[p]--; children[p] == 0 && !keep[p] {
 				leaves = append(leaves, p)
 			}
 		}
 	}
-	for key := range kept {
-		r.Kept = append(r.Kept, key)
+	for key := range keep {
+		kept = append(kept, key)
 	}
-	sort.Strings(r.Kept)
-	return r, nil
+	sort.Strings(kept)
+	return order, kept
 }

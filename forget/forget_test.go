@@ -1,0 +1,39 @@
+package forget
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestPlan: every snapshot outside the containers' chains is removed, each
+// after all of its children, and the chains of containers' snapshots (only
+// those containerd records) are kept whole.
+func TestPlan(t *testing.T) {
+	parent := map[string]string{
+		"l1": "", "l2": "l1", "l3": "l2", // an image's chain
+		"c1": "l3", "c2": "l3", // two containers on it
+		"v1": "l2",           // a view of a lower layer
+		"o1": "", "o2": "o1", // another image, unused
+	}
+	order, kept := plan(parent, []string{"c1", "gone"})
+	if want := []string{"c1", "l1", "l2", "l3"}; !slices.Equal(kept, want) {
+		t.Errorf("kept %v, want %v", kept, want)
+	}
+	if want := []string{"c2", "o2", "v1", "o1"}; !slices.Equal(order, want) {
+		t.Errorf("removal order %v, want %v", order, want)
+	}
+
+	order, kept = plan(parent, nil)
+	if len(kept) != 0 || len(order) != len(parent) {
+		t.Fatalf("with no container: kept %v, removed %d of %d", kept, len(order), len(parent))
+	}
+	at := map[string]int{}
+	for i, k := range order {
+		at[k] = i
+	}
+	for k, p := range parent {
+		if p != "" && at[p] < at[k] {
+			t.Errorf("%s removed before its child %s: %v", p, k, order)
+		}
+	}
+}
