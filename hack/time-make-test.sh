@@ -14,9 +14,7 @@ work=$(mktemp -d /var/tmp/gs-make-test.XXXXXX)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 
 git clone -q "$repo" "$work/clone"
-missing=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' hack/apt-packages.txt | while read -r p; do
-	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || echo "$p"
-done | paste -sd, -)
+missing=$(hack/install-apt.sh --missing | paste -sd, -)
 # The machine's load beside the run, sampled each minute: a figure from a
 # machine busy with other work is an upper bound, and the README says so.
 (while sleep 60; do cut -d' ' -f1 /proc/loadavg; done) >"$work/load" &

@@ -42,7 +42,7 @@ var allowedFigures = []allowedFigure{
 	// make bench's time budget (bench.Headline's configuration).
 	{"docs/benchmarks.md", "20 min", "at most 20 minutes"},
 	// import and export: how long containerd has to answer
-	// (migrate.serverPID) and the room kept spare (migrate.roomMargin),
+	// (migrate.answerTimeout) and the room kept spare (migrate.roomMargin),
 	// the lease that holds a layer being moved (migrate.leaseExpiry).
 	{"*", "10 s", "answer within 10 s"},
 	{"*", "10 s", "answers within 10 s"},
