@@ -1,14 +1,9 @@
-// Package mappedparent is the kernel side of idmapped mounts of the layer
-// parent: it mounts and unmounts them, and probes whether the kernel and
-// filesystem support them.
-//
-// Snapshots of a container with a user namespace read their layers through
-// a read-only idmapped mount of the layer parent directory, one per
-// UID/GID mapping, so that the container's overlay stays one mount of
-// short lowerdirs. This package makes such a mount with open_tree,
-// mount_setattr(MOUNT_ATTR_IDMAP) and move_mount. Which names exist and who
-// uses them is the snapshotter's registry (package snapshot), and every
-// start unmounts all of them and mounts the registered ones, so a mount is
-// never trusted across runs. The user-namespace file descriptors come from
-// containerd's mount.GetUsernsFD.
+// Package mappedparent mounts and unmounts mapped parents: read-only
+// idmapped mounts of the layer parent directory, one per UID/GID mapping,
+// through which user-namespaced snapshots read their layers, so that a
+// container's overlay stays one mount of short lowerdirs. It uses
+// open_tree, mount_setattr(MOUNT_ATTR_IDMAP) and move_mount, with user
+// namespaces from containerd's mount.GetUsernsFD. Which names exist and who
+// uses them is package snapshot's registry; every start unmounts all of
+// them and mounts the registered ones, so no mount is trusted across runs.
 package mappedparent

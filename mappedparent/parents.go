@@ -93,22 +93,23 @@ func (p *Parents) Mount(name string, m *idmap.Mapping) error {
 	if err := os.Mkdir(path, 0o700); err != nil && !os.IsExist(err) {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
-	if err := mountIDMapped(p.layers, path, m, &p.syscalls); err != nil {
+	if err := MountIDMapped(p.layers, path, m, &p.syscalls); err != nil {
 		return fmt.Errorf("create mapped parent %q of %s: %w", name, m, err)
 	}
 	return nil
 }
 
-// mountIDMapped mounts a read-only idmapped mount of src with mapping m at
-// target (mappedAttrs, private propagation), counting its syscalls in calls.
-// The user namespace comes from containerd's mount.GetUsernsFD, the helper
-// containerd's own shim uses: a short-lived child, the same on every
-// architecture. The clone is not recursive: nothing is mounted under the
-// layer parent, and a recursive idmap would fail if something were. That is
-// why this is not containerd's mount.IDMapMountWithAttrs, which clones and
-// idmaps with AT_RECURSIVE; doing the three calls here also lets calls count
-// each syscall that was made, failed ones included.
-func mountIDMapped(src, target string, m *idmap.Mapping, calls *atomic.Uint64) error {
+// MountIDMapped mounts a read-only idmapped mount of src with mapping m at
+// target (mappedAttrs, private propagation), counting its syscalls, failed
+// ones included, in calls unless it is nil. The user namespace comes from
+// containerd's mount.GetUsernsFD, as in containerd's shim. Unlike
+// containerd's mount.IDMapMountWithAttrs the clone is not recursive:
+// nothing is mounted under the layer parent, and a recursive idmap would
+// fail if something were.
+func MountIDMapped(src, target string, m *idmap.Mapping, calls *atomic.Uint64) error {
+	if calls == nil {
+		calls = new(atomic.Uint64)
+	}
 	ns, err := mount.GetUsernsFD(m.UIDLabelValue(), m.GIDLabelValue())
 	if err != nil {
 		return fmt.Errorf("user namespace of %s: %w", m, err)

@@ -195,17 +195,3 @@ func mountsUnder(dir string) ([]string, error) {
 	}
 	return mps, err
 }
-
-func TestProbes(t *testing.T) {
-	requireRoot(t)
-	dir := t.TempDir()
-	if err := ProbeIDMappedMount(dir); err != nil {
-		t.Errorf("ProbeIDMappedMount: %v", err)
-	}
-	if err := ProbeIDMappedOverlay(dir); err != nil {
-		t.Errorf("ProbeIDMappedOverlay: %v", err)
-	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
-		t.Errorf("probes left %d entries behind", len(entries))
-	}
-}

@@ -13,8 +13,6 @@ import (
 
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
 )
 
 // Status is the outcome of one check.
@@ -78,7 +76,8 @@ func Run(ctx context.Context, o Options) []Result {
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		switch err := mappedparent.ProbeIDMappedMount(probeDir); {
+		mountErr, overlayErr := probeIDMapped(probeDir)
+		switch err := mountErr; {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap != "shim":
@@ -89,7 +88,7 @@ func Run(ctx context.Context, o Options) []Result {
 		// What containers need is the combination: an overlay whose lowers
 		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
 		// "shim" containerd's shim builds the same overlay).
-		switch err := mappedparent.ProbeIDMappedOverlay(probeDir); {
+		switch err := overlayErr; {
 		case err == nil:
 			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
 		case o.IDMap != "shim":

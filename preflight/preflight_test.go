@@ -169,3 +169,17 @@ func TestBytesString(t *testing.T) {
 		}
 	}
 }
+
+func TestProbeIDMapped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (idmapped mounts): run as root, as CI does")
+	}
+	dir := t.TempDir()
+	mountErr, overlayErr := probeIDMapped(dir)
+	if mountErr != nil || overlayErr != nil {
+		t.Errorf("probeIDMapped: idmapped mount: %v; overlay over it: %v", mountErr, overlayErr)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the probe left %d entries behind", len(entries))
+	}
+}

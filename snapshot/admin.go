@@ -71,4 +71,4 @@ func (s *Snapshotter) MountSyscalls() uint64 {
 }
 
 // IDMapMode returns the configured idmap mode.
-func (s *Snapshotter) IDMapMode() IDMapMode { return s.idmap }
+func (s *Snapshotter) IDMapMode() IDMapMode { return s.cfg.IDMap }

@@ -19,26 +19,23 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 )
 
-// The mapped-parent registry lives in the MetaStore's bbolt file, next to
-// containerd's buckets, so that who uses which mapped parent changes in the
-// same transaction as the snapshots themselves (the keys keep the words of
-// release 1, which older builds on the same root read):
+// The mapped-parent registry lives in the MetaStore's bbolt file, so that
+// who uses which mapped parent changes in the same transaction as the
+// snapshots themselves (the keys keep release 1's words, which older builds
+// on the same root read):
 //
 //	grouped.v1/format                       metadata format (see format.go)
 //	grouped.v1/views/<mapping>/name         the mapped parent's name under v/
 //	grouped.v1/views/<mapping>/users/<id>   snapshot IDs that use it
 //
-// A name is a base-36 number, kept short because containerd's client mounts
-// a snapshot read-only with its upper and every lower relative to the root,
-// each lower carrying v/<name>/ (TestReadOnlyMountOfMappedChainFits). A
-// process hands out names above every registered one and never one twice
-// (nextMappedName), so a name is only ever one mapping's while the process
-// runs, and the lock of a mapping (lockMapping) covers its name: every
-// change of a mapping's entry and of the mount at its name happens under
-// it, and a caller that read a name without the lock (Mounts) can at worst
-// hold the name of a mapped parent that has meanwhile gone, never another
-// mapping's. Across runs a name may come back: every start unmounts all
-// mapped parents first, and nothing read before then is used after.
+// A name is a short base-36 number (TestReadOnlyMountOfMappedChainFits).
+// A process hands out names above every registered one and never one twice
+// (nextMappedName), so while it runs a name is one mapping's only, and the
+// mapping's lock (lockMapping) covers every change of its entry and of the
+// mount at its name: a caller that read a name without the lock (Mounts)
+// can at worst hold a name whose mapped parent has gone, never another
+// mapping's. Every start unmounts all mapped parents before it mounts the
+// registered ones, so a name that comes back in a later run is safe too.
 var (
 	bucketGrouped = []byte("grouped.v1")
 	bucketMapped  = []byte("views")
@@ -138,51 +135,40 @@ func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUs
 // registry entry is then deleted. The caller holds m's lock and unmounts it
 // once the transaction has committed.
 func releaseMappedParent(tx *bolt.Tx, m *idmap.Mapping, id string) (string, error) {
-	views, err := mappedBucket(tx, false)
-	if m == nil || views == nil || err != nil {
-		return "", err
-	}
-	key := []byte(m.String())
-	mb := views.Bucket(key)
-	if mb == nil {
+	if m == nil {
 		return "", nil
 	}
-	users := mb.Bucket(bucketUsers)
-	if users != nil {
-		if err := users.Delete([]byte(id)); err != nil {
-			return "", err
-		}
-		if k, _ := users.Cursor().First(); k != nil {
-			return "", nil
-		}
+	freed, err := pruneMappedParents(tx, m.String(), func(user string) bool { return user == id })
+	if len(freed) == 0 || err != nil {
+		return "", err
 	}
-	name := string(mb.Get(keyName))
-	return name, views.DeleteBucket(key)
+	return freed[0], nil
 }
 
-// pruneMappedParents removes the users for which drop is true and returns the
-// names of mapped parents left without users.
-func pruneMappedParents(tx *bolt.Tx, drop func(user string) bool) ([]string, error) {
+// pruneMappedParents removes the users for which drop is true, of the
+// mapping whose registry key is only ("": of every mapping), and returns
+// the names of mapped parents left without users, whose entries it deletes.
+func pruneMappedParents(tx *bolt.Tx, only string, drop func(user string) bool) (freed []string, err error) {
 	views, err := mappedBucket(tx, false)
 	if views == nil || err != nil {
 		return nil, err
 	}
-	var freed, emptyKeys [][]byte
+	var empty [][]byte
 	err = views.ForEachBucket(func(k []byte) error {
+		if only != "" && string(k) != only {
+			return nil
+		}
 		mb := views.Bucket(k)
-		users := mb.Bucket(bucketUsers)
-		if users != nil {
-			var gone [][]byte
-			if err := users.ForEach(func(u, _ []byte) error {
+		if users := mb.Bucket(bucketUsers); users != nil {
+			var gone []string
+			users.ForEach(func(u, _ []byte) error {
 				if drop(string(u)) {
-					gone = append(gone, append([]byte(nil), u...))
+					gone = append(gone, string(u))
 				}
 				return nil
-			}); err != nil {
-				return err
-			}
+			})
 			for _, u := range gone {
-				if err := users.Delete(u); err != nil {
+				if err := users.Delete([]byte(u)); err != nil {
 					return err
 				}
 			}
@@ -190,23 +176,16 @@ func pruneMappedParents(tx *bolt.Tx, drop func(user string) bool) ([]string, err
 				return nil
 			}
 		}
-		freed = append(freed, append([]byte(nil), mb.Get(keyName)...))
-		emptyKeys = append(emptyKeys, append([]byte(nil), k...))
+		freed = append(freed, string(mb.Get(keyName)))
+		empty = append(empty, append([]byte(nil), k...))
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	for _, k := range emptyKeys {
-		if err := views.DeleteBucket(k); err != nil {
-			return nil, err
+	for _, k := range empty {
+		if err == nil {
+			err = views.DeleteBucket(k)
 		}
 	}
-	names := make([]string, len(freed))
-	for i, n := range freed {
-		names[i] = string(n)
-	}
-	return names, nil
+	return freed, err
 }
 
 // registeredMappedParents returns name -> mapping string of every registered
@@ -263,7 +242,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 			}
 			name, isUser := mappedParentOf(tx, m, id)
 			inUse[id] = isUser
-			if isUser || s.idmap != IDMapMapped {
+			if isUser || s.cfg.IDMap != IDMapMapped {
 				// In auto mode a snapshot without a mapped parent has the
 				// shim's shape, chosen when it was made.
 				continue
@@ -277,7 +256,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 			inUse[id] = true
 			log.G(ctx).WithField("key", key).WithField("mapped_parent", name).Info("registered a snapshot made in shim mode with its mapped parent")
 		}
-		freed, err := pruneMappedParents(tx, func(user string) bool { return !inUse[user] })
+		freed, err := pruneMappedParents(tx, "", func(user string) bool { return !inUse[user] })
 		if err != nil {
 			return err
 		}

@@ -7,8 +7,8 @@
 //	metadata.db  containerd's snapshot MetaStore (bbolt)
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
-//	t/           new snapshots' directories, made and renamed into l/ and
-//	             w/ inside their transaction, and orphans being removed
+//	t/           new snapshots' directories before their transaction renames
+//	             them into l/ and w/, and orphans being removed
 //	v/<n>        mapped parents: read-only idmapped mounts of l/, one per
 //	             UID/GID mapping in use; v/ is a private bind mount
 //
@@ -52,28 +52,29 @@ const (
 	mappedDir = "v"
 	dbFile    = "metadata.db"
 
+	// metadataLockTimeout: bbolt otherwise waits forever for the file lock
+	// of another daemon on the same root.
 	metadataLockTimeout = 5 * time.Second
-
-	// maxKeyLen bounds snapshot keys; containerd's own keys
-	// ("<namespace>/<n>/<digest>") are well under 200 bytes.
+	// maxKeyLen bounds snapshot keys; containerd's own are under 200 bytes.
 	maxKeyLen = 4096
 )
+
+// errRollback ends a write transaction that only keeps creations out while
+// it reads or removes what no snapshot owns.
+var errRollback = errors.New("roll back")
 
 // IDMapMode says who idmaps the layers of a remapped snapshot.
 type IDMapMode string
 
 const (
 	// IDMapAuto gives a new remapped snapshot a mapped parent where
-	// containerd's differ cannot read the shim's shape (containerd before
-	// 2.3), and the shim's shape from containerd 2.3 on, so that a diff of a
-	// user-namespaced container holds only its changes without a differ of
-	// the daemon's in containerd's diff service (one that is down would fail
-	// every diff and apply of every snapshotter).
+	// containerd's differ cannot read the shim's shape (before 2.3), and the
+	// shim's shape from 2.3 on, so a diff of a user-namespaced container
+	// holds only its changes without a differ of ours in containerd.
 	IDMapAuto IDMapMode = "auto"
-	// IDMapMapped keeps one persistent idmapped mount of the layer parent
-	// (a mapped parent) per mapping and returns plain overlays through it:
-	// the shim makes one mount per container start whatever its version.
-	// The configuration accepts "view", its release-1 name, with a warning.
+	// IDMapMapped reads every remapped snapshot's layers through its
+	// mapping's mapped parent: one mount per start on every release. The
+	// configuration accepts "view", its release-1 name, with a warning.
 	IDMapMapped IDMapMode = "mapped"
 	// IDMapShim returns uidmap=/gidmap= options and lets containerd's shim
 	// idmap the layers at every mount, as the built-in overlayfs does.
@@ -95,12 +96,10 @@ type Config struct {
 type Snapshotter struct {
 	root    string
 	ms      *storage.MetaStore
-	idmap   IDMapMode
+	cfg     Config
 	options []string
 	mapped  *mappedparent.Parents // nil in shim mode
-	// containerdRelease: see Config.ContainerdRelease.
-	containerdRelease func(ctx context.Context) (major, minor int, err error)
-	startup           StartupReport
+	startup StartupReport
 	// nextMapped is the next mapped-parent name (base 36) to hand out.
 	nextMapped atomic.Uint64
 	// mappingLocks hold, per mapping, every change of its registry entry
@@ -129,44 +128,36 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	default:
 		return nil, fmt.Errorf("idmap mode %q is not one of %q, %q, %q: %w", cfg.IDMap, IDMapAuto, IDMapMapped, IDMapShim, errdefs.ErrInvalidArgument)
 	}
+	// Layers are readable by the IDs their files carry: root's mode keeps
+	// host users out, so an existing root is tightened too. The mapped root
+	// of every user namespace reaches its upper through l/ and w/.
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("create root %q: %w", root, err)
 	}
-	// Layers are readable by the IDs their files carry; root's mode is what
-	// keeps host users out, so tighten an existing root too.
-	if err := os.Chmod(root, 0o700); err != nil {
-		return nil, fmt.Errorf("restrict root %q to 0700: %w", root, err)
-	}
-	supportsDType, err := fs.SupportsDType(root)
-	if err != nil {
+	if ok, err := fs.SupportsDType(root); err != nil {
 		return nil, fmt.Errorf("probe d_type support of %q: %w", root, err)
-	}
-	if !supportsDType {
+	} else if !ok {
 		return nil, fmt.Errorf("filesystem of %q lacks d_type, which overlayfs needs (an xfs formatted without ftype=1?): %w", root, errdefs.ErrFailedPrecondition)
 	}
-	for _, dir := range []string{layersDir, worksDir, tempDir} {
-		if err := os.Mkdir(filepath.Join(root, dir), 0o700); err != nil && !os.IsExist(err) {
-			return nil, fmt.Errorf("create %q: %w", filepath.Join(root, dir), err)
+	for _, d := range []struct {
+		name string
+		perm os.FileMode
+	}{{"", 0o700}, {layersDir, 0o711}, {worksDir, 0o711}, {tempDir, 0o700}} {
+		path := filepath.Join(root, d.name)
+		if err := os.Mkdir(path, d.perm); err != nil && !os.IsExist(err) {
+			return nil, fmt.Errorf("create %q: %w", path, err)
 		}
-	}
-	// The layer parent must be traversable by the mapped root of every user
-	// namespace (it reaches its upper through it); root itself stays 0700.
-	if err := os.Chmod(filepath.Join(root, layersDir), 0o711); err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(filepath.Join(root, worksDir), 0o711); err != nil {
-		return nil, err
+		if err := os.Chmod(path, d.perm); err != nil {
+			return nil, fmt.Errorf("set mode of %q: %w", path, err)
+		}
 	}
 	// Only the speed of making snapshots on ext4 without a journal depends
 	// on it (see markTopDir).
-	if marked, err := markTopDir(filepath.Join(root, tempDir)); err != nil {
+	if _, err := markTopDir(filepath.Join(root, tempDir)); err != nil {
 		log.L.WithError(err).Warn("new snapshots' directories may be slow to make on ext4 without a journal")
-	} else if !marked {
-		log.L.WithField("path", filepath.Join(root, tempDir)).Debug("filesystem has no top-directory attribute (chattr +T)")
 	}
 	dbPath := filepath.Join(root, dbFile)
 	ms, err := storage.NewMetaStore(dbPath, func(o *bolt.Options) error {
-		// bbolt waits forever for the file lock another daemon holds.
 		o.Timeout = metadataLockTimeout
 		return nil
 	})
@@ -174,14 +165,13 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		return nil, fmt.Errorf("open metadata %q: %w", dbPath, err)
 	}
 	options := append([]string{}, cfg.MountOptions...)
-	if !hasOption(options, "index") && supportsIndex() {
+	if _, err := os.Stat("/sys/module/overlay/parameters/index"); err == nil && !hasOption(options, "index") {
 		options = append(options, "index=off")
 	}
-	s := &Snapshotter{root: root, ms: ms, idmap: cfg.IDMap, options: options, mappingLocks: locker.New(), containerdRelease: cfg.ContainerdRelease}
-	// The MetaStore opens its file lazily; open it now so a locked or
-	// corrupted file stops the daemon at start with a clear message, and is
-	// never rewritten. A newer build's metadata is refused here too, before
-	// anything is written, mapped-parents directory included.
+	s := &Snapshotter{root: root, ms: ms, cfg: cfg, options: options, mappingLocks: locker.New()}
+	// The MetaStore opens its file lazily: open it now, so that a locked,
+	// corrupted or newer-format file stops the daemon at start with a clear
+	// message, before anything is written.
 	if err := s.withTx(context.Background(), false, func(ctx context.Context, tx *bolt.Tx) error {
 		if _, err := storage.IDMap(ctx); err != nil && !errdefs.IsNotFound(err) {
 			return err
@@ -205,15 +195,13 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	} else {
 		unmounted, err = mappedparent.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
 	}
+	if err == nil {
+		err = s.migrateFormat(context.Background())
+	}
+	if err == nil {
+		err = s.reconcile(context.Background(), unmounted)
+	}
 	if err != nil {
-		ms.Close()
-		return nil, err
-	}
-	if err := s.migrateFormat(context.Background()); err != nil {
-		s.Close()
-		return nil, err
-	}
-	if err := s.reconcile(context.Background(), unmounted); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -235,11 +223,6 @@ func hasOption(options []string, key string) bool {
 	return false
 }
 
-func supportsIndex() bool {
-	_, err := os.Stat("/sys/module/overlay/parameters/index")
-	return err == nil
-}
-
 // dirName turns a MetaStore ID (decimal) into the short on-disk name.
 func dirName(id string) (string, error) {
 	n, err := strconv.ParseUint(id, 10, 64)
@@ -258,20 +241,13 @@ func idOfDirName(name string) (string, bool) {
 	return strconv.FormatUint(n, 10), true
 }
 
-func (s *Snapshotter) layerPath(id string) (string, error) {
+// dirs returns the upper (or layer) and work directories of snapshot id.
+func (s *Snapshotter) dirs(id string) (layer, work string, err error) {
 	name, err := dirName(id)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	return filepath.Join(s.root, layersDir, name), nil
-}
-
-func (s *Snapshotter) workPath(id string) (string, error) {
-	name, err := dirName(id)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(s.root, worksDir, name), nil
+	return filepath.Join(s.root, layersDir, name), filepath.Join(s.root, worksDir, name), nil
 }
 
 func checkKey(what, key string) error {
@@ -300,15 +276,13 @@ func (s *Snapshotter) Stat(ctx context.Context, key string) (info snapshots.Info
 
 // Update updates the labels of a snapshot. The user-namespace labels are
 // fixed at creation: they decide the owner of the snapshot's files.
-func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
-	var updated snapshots.Info
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (updated snapshots.Info, err error) {
+	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
 		_, old, _, err := storage.GetInfo(ctx, info.Name)
 		if err != nil {
 			return err
 		}
-		updated, err = storage.UpdateInfo(ctx, info, fieldpaths...)
-		if err != nil {
+		if updated, err = storage.UpdateInfo(ctx, info, fieldpaths...); err != nil {
 			return err
 		}
 		for _, label := range []string{idmap.UIDLabel, idmap.GIDLabel} {
@@ -326,31 +300,34 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 
 // Usage returns the disk usage of a snapshot: measured for an active one,
 // recorded at commit for a committed one.
-func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
+func (s *Snapshotter) Usage(ctx context.Context, key string) (usage snapshots.Usage, err error) {
 	var (
-		id    string
-		info  snapshots.Info
-		usage snapshots.Usage
+		id   string
+		info snapshots.Info
 	)
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
+	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) (err error) {
 		id, info, usage, err = storage.GetInfo(ctx, key)
 		return err
 	})
+	if err == nil && info.Kind == snapshots.KindActive {
+		usage, err = s.measure(ctx, id)
+	}
 	if err != nil {
 		return snapshots.Usage{}, fmt.Errorf("usage of %q: %w", key, err)
 	}
-	if info.Kind == snapshots.KindActive {
-		dir, err := s.layerPath(id)
-		if err != nil {
-			return snapshots.Usage{}, err
-		}
-		du, err := fs.DiskUsage(ctx, dir)
-		if err != nil {
-			return snapshots.Usage{}, fmt.Errorf("usage of %q: %w", key, err)
-		}
-		usage = snapshots.Usage(du)
-	}
 	return usage, nil
+}
+
+func (s *Snapshotter) measure(ctx context.Context, id string) (snapshots.Usage, error) {
+	dir, _, err := s.dirs(id)
+	if err != nil {
+		return snapshots.Usage{}, err
+	}
+	du, err := fs.DiskUsage(ctx, dir)
+	if err != nil {
+		return snapshots.Usage{}, fmt.Errorf("measure %q: %w", dir, err)
+	}
+	return snapshots.Usage(du), nil
 }
 
 // Prepare creates an active snapshot on top of parent and returns its mount.
@@ -374,13 +351,13 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 // Mounts returns the mount of an active or view snapshot. It only reads:
 // the mapped parents of snapshots in use are mounted when they are made, and
 // again at every start (reconcile).
-func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
+func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, err error) {
 	var (
 		snap       storage.Snapshot
 		mapping    *idmap.Mapping
 		mappedName string
 	)
-	err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
+	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
 		if snap, err = storage.GetSnapshot(ctx, key); err != nil {
 			return err
 		}
@@ -388,20 +365,18 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		if err != nil {
 			return err
 		}
-		if mapping, err = idmap.FromLabels(info.Labels); err != nil {
+		if mapping, err = idmap.FromLabels(info.Labels); err != nil || s.mapped == nil || !mayUseMappedParent(snap, mapping) {
 			return err
 		}
-		if s.mapped != nil && mayUseMappedParent(snap, mapping) {
-			var isUser bool
-			if mappedName, isUser = mappedParentOf(tx, mapping, snap.ID); !isUser {
-				if s.idmap == IDMapMapped {
-					// reconcile registers every snapshot in use at start.
-					return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
-				}
-				// In auto mode it was given the shim's shape when made.
-				mappedName = ""
-			}
+		name, isUser := mappedParentOf(tx, mapping, snap.ID)
+		switch {
+		case isUser:
+			mappedName = name
+		case s.cfg.IDMap == IDMapMapped:
+			// reconcile registers every snapshot in use at start.
+			return fmt.Errorf("snapshot has no mapped parent registered for %s; restart the daemon to register it: %w", mapping, errdefs.ErrFailedPrecondition)
 		}
+		// In auto mode a snapshot that is no user got the shim's shape.
 		return nil
 	})
 	if err == nil {
@@ -418,8 +393,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 
 // mayUseMappedParent reports whether snap may read its layers through a
 // mapped parent: remapped, with layers, and not committed. Whether it does
-// is in the registry: in auto mode newUsesMappedParent chose when it was
-// made, and shim mode mounts no mapped parent at all.
+// is in the registry.
 func mayUseMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
 	return mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
@@ -441,14 +415,12 @@ func (s *Snapshotter) lockMapping(m *idmap.Mapping) (unlock func()) {
 // lockMappingOf reads the mapping of snapshot key and takes its lock. The
 // caller's transaction checks with sameMapping that key still has that
 // mapping: the key may have been removed and made again meanwhile.
-func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (*idmap.Mapping, func(), error) {
-	var m *idmap.Mapping
-	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (m *idmap.Mapping, unlock func(), err error) {
+	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		_, info, _, err := storage.GetInfo(ctx, key)
-		if err != nil {
-			return err
+		if err == nil {
+			m, err = idmap.FromLabels(info.Labels)
 		}
-		m, err = idmap.FromLabels(info.Labels)
 		return err
 	})
 	if err != nil {
@@ -478,9 +450,7 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	}
 	if err := s.mapped.Unmount(name); err != nil {
 		log.G(ctx).WithError(err).WithField("mapped_parent", name).Warn("failed to remove unused mapped parent; the next start removes it")
-		return
 	}
-	log.G(ctx).WithField("mapped_parent", name).Debug("removed mapped parent: its last snapshot is gone")
 }
 
 // Commit turns an active snapshot into a committed one named name.
@@ -492,22 +462,70 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 // real ones. The error is a FailedPrecondition: containerd's transfer
 // service takes NotImplemented as "try another transferrer".
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
-	if err := s.commit(ctx, name, key, opts); err != nil {
+	err := checkKey("snapshot name", name)
+	var requested snapshots.Info
+	for _, opt := range opts {
+		if err == nil {
+			err = opt(&requested)
+		}
+	}
+	if err == nil {
+		err = s.change(ctx, key, func(ctx context.Context, id string, info snapshots.Info) error {
+			if info.Kind != snapshots.KindActive {
+				return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
+			}
+			if requested.Parent != "" && requested.Parent != info.Parent {
+				return fmt.Errorf("rebase onto parent %q refused (the snapshot's parent is %q): grouped-snapshotter does not support containerd's parallel unpack, "+
+					"whose parentless layers lose whiteouts and parent directories' owners; remove \"rebase\" from the capabilities of its [proxy_plugins] entry in containerd's config: %w",
+					requested.Parent, info.Parent, errdefs.ErrFailedPrecondition)
+			}
+			usage, err := s.measure(ctx, id)
+			if err == nil {
+				_, err = storage.CommitActive(ctx, key, name, usage, opts...)
+			}
+			return err
+		})
+	}
+	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
 	return nil
 }
 
-func (s *Snapshotter) commit(ctx context.Context, name, key string, opts []snapshots.Opt) error {
-	if err := checkKey("snapshot name", name); err != nil {
+// Remove deletes a snapshot. Its metadata goes first, in one transaction,
+// and its directories after: a crash in between leaves only orphaned
+// directories, which Cleanup removes, never metadata without files.
+func (s *Snapshotter) Remove(ctx context.Context, key string) error {
+	var id string
+	err := s.change(ctx, key, func(ctx context.Context, _ string, _ snapshots.Info) (err error) {
+		id, _, err = storage.Remove(ctx, key)
 		return err
+	})
+	if err != nil {
+		return fmt.Errorf("remove %q: %w", key, err)
 	}
-	var requested snapshots.Info
-	for _, opt := range opts {
-		if err := opt(&requested); err != nil {
-			return err
+	if testHooks.removingDirs != nil {
+		testHooks.removingDirs()
+	}
+	// No lock is held: a committed removal's ID is never handed out again,
+	// so nothing can take these paths meanwhile.
+	layer, work, err := s.dirs(id)
+	if err != nil {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	for _, path := range []string{layer, work} {
+		if err := os.RemoveAll(path); err != nil {
+			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
 		}
 	}
+	return nil
+}
+
+// change runs fn, which commits or removes snapshot key, in a write
+// transaction under the lock of key's mapping, drops key from the users of
+// its mapped parent (a committed layer is never mounted through one), and
+// unmounts that mapped parent if key was its last user.
+func (s *Snapshotter) change(ctx context.Context, key string, fn func(ctx context.Context, id string, info snapshots.Info) error) error {
 	mapping, unlock, err := s.lockMappingOf(ctx, key)
 	if err != nil {
 		return err
@@ -522,98 +540,16 @@ func (s *Snapshotter) commit(ctx context.Context, name, key string, opts []snaps
 		if err := sameMapping(info.Labels, mapping); err != nil {
 			return err
 		}
-		if info.Kind != snapshots.KindActive {
-			return fmt.Errorf("%q is a %s snapshot, only active ones can be committed: %w", key, info.Kind, errdefs.ErrFailedPrecondition)
-		}
-		if requested.Parent != "" && requested.Parent != info.Parent {
-			return fmt.Errorf("rebase onto parent %q refused (the snapshot's parent is %q): grouped-snapshotter does not support containerd's parallel unpack, "+
-				"whose parentless layers lose whiteouts and parent directories' owners; remove \"rebase\" from the capabilities of its [proxy_plugins] entry in containerd's config: %w",
-				requested.Parent, info.Parent, errdefs.ErrFailedPrecondition)
-		}
-		dir, err := s.layerPath(id)
-		if err != nil {
-			return err
-		}
-		du, err := fs.DiskUsage(ctx, dir)
-		if err != nil {
-			return fmt.Errorf("measure %q: %w", dir, err)
-		}
-		if _, err := storage.CommitActive(ctx, key, name, snapshots.Usage(du), opts...); err != nil {
-			return err
-		}
-		// A committed layer is never mounted through a mapped parent.
-		freed, err = releaseMappedParent(tx, mapping, id)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	s.dropMappedParent(ctx, freed)
-	return nil
-}
-
-// Remove deletes a snapshot. Its metadata goes first, in one transaction,
-// and its directories after: a crash in between leaves only orphaned
-// directories, which Cleanup removes, never metadata without files.
-func (s *Snapshotter) Remove(ctx context.Context, key string) error {
-	if err := s.remove(ctx, key); err != nil {
-		return fmt.Errorf("remove %q: %w", key, err)
-	}
-	return nil
-}
-
-func (s *Snapshotter) remove(ctx context.Context, key string) error {
-	id, err := s.removeMetadata(ctx, key)
-	if err != nil {
-		return err
-	}
-	if testHooks.removingDirs != nil {
-		testHooks.removingDirs()
-	}
-	// No lock is held: a committed removal's ID is never handed out again,
-	// so nothing can take these paths meanwhile.
-	for _, dir := range []func(string) (string, error){s.layerPath, s.workPath} {
-		path, err := dir(id)
-		if err != nil {
-			return err
-		}
-		if err := os.RemoveAll(path); err != nil {
-			// The snapshot is gone; Cleanup will retry the directory.
-			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
-		}
-	}
-	return nil
-}
-
-// removeMetadata removes snapshot key from the metadata and unmounts its
-// mapped parent if it was the last user, under its mapping's lock, and
-// returns its ID.
-func (s *Snapshotter) removeMetadata(ctx context.Context, key string) (string, error) {
-	mapping, unlock, err := s.lockMappingOf(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	var id, freed string
-	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) (err error) {
-		_, info, _, err := storage.GetInfo(ctx, key)
-		if err != nil {
-			return err
-		}
-		if err := sameMapping(info.Labels, mapping); err != nil {
-			return err
-		}
-		if id, _, err = storage.Remove(ctx, key); err != nil {
+		if err := fn(ctx, id, info); err != nil {
 			return err
 		}
 		freed, err = releaseMappedParent(tx, mapping, id)
 		return err
 	})
-	if err != nil {
-		return "", err
+	if err == nil {
+		s.dropMappedParent(ctx, freed)
 	}
-	s.dropMappedParent(ctx, freed)
-	return id, nil
+	return err
 }
 
 // Walk calls fn for every snapshot matching the filters.
@@ -655,13 +591,11 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		return nil, err
 	}
 
-	var (
-		mappedName string
-		isNew      bool
-	)
+	var mappedName string
 	if s.mapped != nil && mapping != nil && parent != "" && s.newUsesMappedParent(ctx) {
 		unlock := s.lockMapping(mapping)
 		defer unlock()
+		var isNew bool
 		if mappedName, isNew, err = s.mappedParentFor(ctx, mapping); err != nil {
 			return nil, err
 		}
@@ -742,31 +676,27 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 // back, keeps creations out while it checks that nobody holds id and
 // removes them. Whatever it cannot remove is an orphan for Cleanup.
 func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
-	dirs := []string{}
-	for _, path := range []func(string) (string, error){s.layerPath, s.workPath} {
-		if dir, err := path(id); err == nil {
-			dirs = append(dirs, dir)
-		}
-	}
-	tctx, t, err := s.ms.TransactionContext(ctx, true)
+	layer, work, err := s.dirs(id)
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
 		return
 	}
-	defer t.Rollback()
-	ids, err := storage.IDMap(tctx)
-	if err != nil && !errdefs.IsNotFound(err) {
-		log.G(ctx).WithError(err).WithField("paths", dirs).Warn("directories of a creation that failed to commit are left for cleanup")
-		return
-	}
-	if _, taken := ids[id]; taken {
-		return
-	}
-	for _, dir := range dirs {
-		// Fresh directories, empty: nothing was mounted on them yet.
-		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-			log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
+	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		ids, err := storage.IDMap(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
+		if _, taken := ids[id]; !taken {
+			// Fresh directories, empty: nothing was mounted on them yet.
+			for _, dir := range []string{layer, work} {
+				if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+					log.G(ctx).WithError(err).WithField("path", dir).Warn("directory of a creation that failed to commit is left for cleanup")
+				}
+			}
+		}
+		return errRollback
+	})
+	if !errors.Is(err, errRollback) {
+		log.G(ctx).WithError(err).WithField("paths", []string{layer, work}).Warn("directories of a creation that failed to commit are left for cleanup")
 	}
 }
 
@@ -774,13 +704,10 @@ func (s *Snapshotter) discardUncommitted(ctx context.Context, id string) {
 // layers through its mapping's mapped parent rather than with the shim's
 // uidmap=/gidmap= options.
 func (s *Snapshotter) newUsesMappedParent(ctx context.Context) bool {
-	switch {
-	case s.idmap != IDMapAuto:
-		return s.idmap == IDMapMapped
-	case s.containerdRelease == nil:
-		return true
+	if s.cfg.IDMap != IDMapAuto || s.cfg.ContainerdRelease == nil {
+		return s.cfg.IDMap != IDMapShim
 	}
-	major, minor, err := s.containerdRelease(ctx)
+	major, minor, err := s.cfg.ContainerdRelease(ctx)
 	if err != nil {
 		// A mapped parent keeps the start at one mount on every release;
 		// only a diff of the container is then wrong on containerd >= 2.3.
@@ -806,18 +733,13 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 		name, _ = mappedParentOf(tx, m, "")
 		return nil
 	})
-	if err != nil {
-		return "", false, err
+	if err == nil && testHooks.makeMappedParent != nil {
+		err = testHooks.makeMappedParent()
 	}
-	if testHooks.makeMappedParent != nil {
-		if err := testHooks.makeMappedParent(); err != nil {
-			return "", false, err
-		}
-	}
-	if name != "" {
+	if err != nil || name != "" {
 		// A registered mapped parent was mounted at start or by the
 		// creation that registered it.
-		return name, false, nil
+		return name, false, err
 	}
 	name = s.nextMappedName()
 	if err := s.mapped.Mount(name, m); err != nil {
@@ -833,6 +755,10 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 // names, inside the transaction that took snap's ID. undo removes them,
 // still empty, before that transaction rolls back.
 func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (undo func(), err error) {
+	layer, work, err := s.dirs(snap.ID)
+	if err != nil {
+		return nil, err
+	}
 	var made []string
 	undo = func() {
 		for _, dir := range made {
@@ -846,22 +772,21 @@ func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (u
 			undo()
 		}
 	}()
-	type dir struct {
-		prefix string
-		perm   os.FileMode
-		path   func(string) (string, error)
-	}
-	dirs := []dir{{"new-", 0o755, s.layerPath}}
+	dirs := []string{layer}
 	if snap.Kind == snapshots.KindActive && len(snap.ParentIDs) > 0 {
-		dirs = append(dirs, dir{"work-", 0o711, s.workPath})
+		dirs = append(dirs, work)
 	}
-	for i, d := range dirs {
-		tmp, err := os.MkdirTemp(filepath.Join(s.root, tempDir), d.prefix)
+	for i, to := range dirs {
+		tmp, err := os.MkdirTemp(filepath.Join(s.root, tempDir), "new-")
 		if err != nil {
 			return nil, fmt.Errorf("create temporary directory: %w", err)
 		}
 		made = append(made, tmp)
-		if err := os.Chmod(tmp, d.perm); err != nil {
+		perm := os.FileMode(0o755)
+		if i == 1 {
+			perm = 0o711
+		}
+		if err := os.Chmod(tmp, perm); err != nil {
 			return nil, fmt.Errorf("create temporary directory: %w", err)
 		}
 		if i == 0 {
@@ -869,14 +794,10 @@ func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (u
 				return nil, err
 			}
 		}
-		to, err := d.path(snap.ID)
-		if err != nil {
-			return nil, err
-		}
 		if err := s.renameOverStale(tmp, to); err != nil {
 			return nil, err
 		}
-		made[len(made)-1] = to
+		made[i] = to
 	}
 	return undo, nil
 }
@@ -885,13 +806,12 @@ func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (u
 // remapped snapshot, or else the owner of the parent layer's root, as
 // containerd's overlayfs does.
 func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *idmap.Mapping) error {
-	uid, gid := -1, -1
+	var uid, gid uint32
 	switch {
 	case mapping != nil:
-		u, g := mapping.Root()
-		uid, gid = int(u), int(g)
+		uid, gid = mapping.Root()
 	case len(snap.ParentIDs) > 0:
-		parentDir, err := s.layerPath(snap.ParentIDs[0])
+		parentDir, _, err := s.dirs(snap.ParentIDs[0])
 		if err != nil {
 			return err
 		}
@@ -899,14 +819,14 @@ func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *i
 		if err != nil {
 			return fmt.Errorf("stat parent layer %q: %w", parentDir, err)
 		}
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok && (sys.Uid != 0 || sys.Gid != 0) {
-			uid, gid = int(sys.Uid), int(sys.Gid)
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			uid, gid = sys.Uid, sys.Gid
 		}
 	}
-	if uid == -1 {
+	if uid == 0 && gid == 0 {
 		return nil
 	}
-	if err := os.Lchown(upper, uid, gid); err != nil {
+	if err := os.Lchown(upper, int(uid), int(gid)); err != nil {
 		return fmt.Errorf("chown upper %q to %d:%d: %w", upper, uid, gid, err)
 	}
 	return nil
@@ -950,7 +870,7 @@ func (s *Snapshotter) moveToTemp(path, prefix string) (string, error) {
 // mappedName is the mapped parent the layers are read through, "" for none.
 func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
-	if mapping != nil && mappedName == "" && s.idmap != IDMapMapped {
+	if mapping != nil && mappedName == "" && s.cfg.IDMap != IDMapMapped {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
 	}
 	lowerParent := filepath.Join(s.root, layersDir)
@@ -965,38 +885,24 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 		}
 		lowers[i] = filepath.Join(lowerParent, name)
 	}
-
-	if snap.Kind == snapshots.KindView {
-		switch len(lowers) {
-		case 0:
-			dir, err := s.layerPath(snap.ID)
-			if err != nil {
-				return nil, err
-			}
-			m, err := mountopts.Bind(dir, true)
-			return []mount.Mount{m}, err
-		case 1:
-			m, err := mountopts.Bind(lowers[0], true, flags...)
-			return []mount.Mount{m}, err
-		}
-		m, err := mountopts.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
-		return []mount.Mount{m}, err
-	}
-
-	upper, err := s.layerPath(snap.ID)
+	upper, work, err := s.dirs(snap.ID)
 	if err != nil {
 		return nil, err
 	}
-	if len(lowers) == 0 {
+	var m mount.Mount
+	switch {
+	case snap.Kind == snapshots.KindView && len(lowers) == 0:
+		m, err = mountopts.Bind(upper, true)
+	case snap.Kind == snapshots.KindView && len(lowers) == 1:
+		m, err = mountopts.Bind(lowers[0], true, flags...)
+	case snap.Kind == snapshots.KindView:
+		m, err = mountopts.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
+	case len(lowers) == 0:
 		// Nothing to idmap: the upper already belongs to the mapped root.
-		m, err := mountopts.Bind(upper, false)
-		return []mount.Mount{m}, err
+		m, err = mountopts.Bind(upper, false)
+	default:
+		m, err = mountopts.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
 	}
-	work, err := s.workPath(snap.ID)
-	if err != nil {
-		return nil, err
-	}
-	m, err := mountopts.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
 	return []mount.Mount{m}, err
 }
 
@@ -1013,30 +919,23 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 // none can take an orphan's name, moves those under l/ and w/ into t/, and
 // removes them after it, so that a large orphan holds no other call up.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
-	type orphan struct{ path, now string }
 	var (
-		garbage []orphan
-		errs    []error
+		orphans, now []string
+		errs         []error
 	)
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
-		temps, err := s.tempDirs()
-		if err != nil {
-			return err
-		}
-		for _, dir := range temps {
-			garbage = append(garbage, orphan{dir, dir})
-		}
-		orphans, err := s.ownerless(ctx)
-		if err != nil {
+	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
+		if orphans, err = s.orphans(ctx); err != nil {
 			return err
 		}
 		for _, dir := range orphans {
-			to, err := s.moveToTemp(dir, "gc-")
-			if err != nil {
+			if filepath.Dir(dir) == filepath.Join(s.root, tempDir) {
+				now = append(now, dir)
+			} else if to, err := s.moveToTemp(dir, "gc-"); err != nil {
 				errs = append(errs, err)
-				continue
+				now = append(now, "")
+			} else {
+				now = append(now, to)
 			}
-			garbage = append(garbage, orphan{dir, to})
 		}
 		return nil
 	})
@@ -1047,13 +946,16 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 		testHooks.orphansListed()
 	}
 	var removed []string
-	for _, o := range garbage {
-		if err := os.RemoveAll(o.now); err != nil {
-			errs = append(errs, fmt.Errorf("remove orphan %q: %w", o.path, err))
+	for i, dir := range now {
+		if dir == "" {
 			continue
 		}
-		log.G(ctx).WithField("path", o.path).Info("removed orphaned directory of an interrupted creation or removal")
-		removed = append(removed, o.path)
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove orphan %q: %w", orphans[i], err))
+			continue
+		}
+		log.G(ctx).WithField("path", orphans[i]).Info("removed orphaned directory of an interrupted creation or removal")
+		removed = append(removed, orphans[i])
 	}
 	if len(errs) > 0 {
 		return removed, fmt.Errorf("cleanup: %w", errors.Join(errs...))
@@ -1063,56 +965,38 @@ func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
 
 // Orphans lists the directories Cleanup would remove. It reads in a write
 // transaction, rolled back, so that no creation is under way.
-func (s *Snapshotter) Orphans(ctx context.Context) ([]string, error) {
-	ctx, t, err := s.ms.TransactionContext(ctx, true)
-	if err != nil {
+func (s *Snapshotter) Orphans(ctx context.Context) (orphans []string, err error) {
+	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
+		if orphans, err = s.orphans(ctx); err == nil {
+			err = errRollback
+		}
+		return err
+	})
+	if !errors.Is(err, errRollback) {
 		return nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
-	defer t.Rollback()
-	orphans, err := s.tempDirs()
-	if err != nil {
-		return nil, err
-	}
-	ownerless, err := s.ownerless(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("find orphaned directories: %w", err)
-	}
-	return append(orphans, ownerless...), nil
+	return orphans, nil
 }
 
-// tempDirs lists t/: temporary directories of creations that did not
-// finish (the caller's write transaction keeps those under way out), and
-// orphans moved there to be removed.
-func (s *Snapshotter) tempDirs() ([]string, error) {
-	parent := filepath.Join(s.root, tempDir)
-	entries, err := os.ReadDir(parent)
-	if err != nil {
-		return nil, fmt.Errorf("list %q: %w", parent, err)
-	}
-	dirs := make([]string, len(entries))
-	for i, e := range entries {
-		dirs[i] = filepath.Join(parent, e.Name())
-	}
-	return dirs, nil
-}
-
-// ownerless lists, in the caller's transaction, the directories under l/ and
-// w/ that no snapshot owns.
-func (s *Snapshotter) ownerless(ctx context.Context) ([]string, error) {
+// orphans lists, in the caller's write transaction, everything under t/
+// (temporary directories of creations that did not finish, and orphans
+// moved there to be removed) and the directories under l/ and w/ that no
+// snapshot owns.
+func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 	ids, err := storage.IDMap(ctx)
 	if err != nil && !errdefs.IsNotFound(err) {
 		// NotFound: a new metadata file, without a snapshot yet.
 		return nil, err
 	}
 	var orphans []string
-	for _, dir := range []string{layersDir, worksDir} {
+	for _, dir := range []string{tempDir, layersDir, worksDir} {
 		parent := filepath.Join(s.root, dir)
 		entries, err := os.ReadDir(parent)
 		if err != nil {
 			return nil, fmt.Errorf("list %q: %w", parent, err)
 		}
 		for _, e := range entries {
-			if id, ok := idOfDirName(e.Name()); ok {
+			if id, ok := idOfDirName(e.Name()); ok && dir != tempDir {
 				if _, live := ids[id]; live {
 					continue
 				}
