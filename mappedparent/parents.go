@@ -33,20 +33,21 @@ type Parents struct {
 	syscalls atomic.Uint64
 }
 
-// NewParents prepares dir to hold the mapped parents of layers. It first
-// unmounts whatever is mounted at or under dir and returns the names it
-// unmounted: a previous run's mapped parents are never trusted, the caller
-// mounts again those its registry holds, so no kernel interface is needed
-// to tell which mapping a mount has. dir then becomes its own bind mount
-// with private propagation, so mapped parents never propagate into other
-// mount namespaces. dir must not be inside layers.
+// NewParents prepares dir, outside layers, to hold the mapped parents of
+// layers. It first unmounts everything at or under dir (UnmountAll) and
+// returns those mount points: a previous run's mapped parents are never
+// trusted, the caller mounts again those its registry holds, so no kernel
+// interface is needed to tell which mapping a mount has. dir then becomes
+// its own private bind mount, so mapped parents never propagate into other
+// mount namespaces.
 func NewParents(layers, dir string) (*Parents, []string, error) {
 	layers, dir = filepath.Clean(layers), filepath.Clean(dir)
 	if rel, err := filepath.Rel(layers, dir); err != nil || !strings.HasPrefix(rel, "..") {
 		return nil, nil, fmt.Errorf("mapped-parents directory %q must be outside the layer parent %q: a mount under it breaks idmapping", dir, layers)
 	}
 	p := &Parents{layers: layers, dir: dir}
-	names, err := UnmountParents(dir, &p.syscalls)
+	unmounted, err := UnmountAll(dir)
+	p.syscalls.Add(uint64(len(unmounted)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -69,11 +70,8 @@ func NewParents(layers, dir string) (*Parents, []string, error) {
 		return nil, nil, fmt.Errorf("make mapped-parents directory %q private: %w", dir, err)
 	}
 	p.syscalls.Add(1)
-	return p, names, nil
+	return p, unmounted, nil
 }
-
-// Dir returns the mapped-parents directory.
-func (p *Parents) Dir() string { return p.dir }
 
 // Path returns where the mapped parent called name is mounted.
 func (p *Parents) Path(name string) string { return filepath.Join(p.dir, name) }
@@ -158,21 +156,6 @@ func (p *Parents) Unmount(name string) error {
 		return fmt.Errorf("remove mapped parent directory %q: %w", path, err)
 	}
 	return nil
-}
-
-// UnmountParents unmounts the mapped parents under dir and dir's own bind
-// mount, counting the syscalls in calls, and returns the mapped parents'
-// names.
-func UnmountParents(dir string, calls *atomic.Uint64) ([]string, error) {
-	unmounted, err := UnmountAll(dir)
-	calls.Add(uint64(len(unmounted)))
-	var names []string
-	for _, mp := range unmounted {
-		if filepath.Dir(mp) == filepath.Clean(dir) {
-			names = append(names, filepath.Base(mp))
-		}
-	}
-	return names, err
 }
 
 // UnmountAll unmounts every mount at or under dir, deepest first, and

@@ -136,10 +136,10 @@ func TestMountIsIdempotentAndRestartUnmounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(unmounted, []string{"0"}) {
-		t.Errorf("restart unmounted %v, want [0]", unmounted)
+	if want := []string{v.Path("0"), v.dir}; !slices.Equal(unmounted, want) {
+		t.Errorf("restart unmounted %v, want %v", unmounted, want)
 	}
-	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
+	if mps, _ := mountsUnder(v.dir); len(mps) != 1 || mps[0] != v.dir {
 		t.Errorf("mounts under the mapped-parents dir after a restart: %v, want only the dir's own bind", mps)
 	}
 	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
@@ -158,7 +158,7 @@ func TestMountIsIdempotentAndRestartUnmounts(t *testing.T) {
 	if _, err := os.Stat(v.Path("0")); !os.IsNotExist(err) {
 		t.Errorf("mapped parent directory left after Unmount: %v", err)
 	}
-	if mps, _ := mountsUnder(v.Dir()); len(mps) != 1 || mps[0] != v.Dir() {
+	if mps, _ := mountsUnder(v.dir); len(mps) != 1 || mps[0] != v.dir {
 		t.Errorf("mounts under the mapped-parents dir after Unmount: %v, want only the dir's own bind", mps)
 	}
 }
@@ -173,12 +173,12 @@ func TestParentsDirMustBeOutsideLayers(t *testing.T) {
 
 func TestParentsDirIsPrivate(t *testing.T) {
 	v, _ := newTestParents(t)
-	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(v.Dir()))
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(v.dir))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(mounts) != 1 {
-		t.Fatalf("mapped-parents dir %q is not a mount point (%d entries)", v.Dir(), len(mounts))
+		t.Fatalf("mapped-parents dir %q is not a mount point (%d entries)", v.dir, len(mounts))
 	}
 	// Optional fields (shared:N, master:N) are empty for a private mount.
 	if opt := mounts[0].Optional; opt != "" {

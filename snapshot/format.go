@@ -11,20 +11,14 @@ import (
 )
 
 // formatVersion is the format of grouped-snapshotter's own keys in
-// metadata.db (containerd's MetaStore buckets keep their own version):
-//
-//	1  no format key; a new mapping's mapped parent took the smallest
-//	   base-36 number no registered mapped parent had
-//	2  grouped.v1/format; a running daemon never hands a mapped-parent name
-//	   to a second mapping: earlier format 2 builds counted names in
-//	   grouped.v1/next-view, this one counts in memory from above the
-//	   registered names and neither reads nor writes that key
-//
-// A build refuses, without writing, a root of a newer format, and migrates
-// an older one at start. Builds of both formats work on a root this one
-// has used, and this one on theirs: the registry's shape is the same, and
-// every start of this build unmounts all mapped parents and mounts the
-// registered ones, so a mount left by another build is never served.
+// metadata.db: 1 had no format key; 2 has grouped.v1/format, and a running
+// daemon never hands a mapped-parent name to a second mapping (earlier
+// format-2 builds counted names in grouped.v1/next-view; this one counts in
+// memory above the registered names and leaves that key alone). A build
+// refuses, without writing, a root of a newer format and migrates an older
+// one at start. Builds of either format work on a root the other used: the
+// registry's shape is the same, and every start unmounts all mapped parents
+// and mounts the registered ones.
 const formatVersion = 2
 
 var keyFormat = []byte("format")
@@ -65,10 +59,7 @@ func (s *Snapshotter) migrateFormat(ctx context.Context) error {
 	err := s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		from, err := storedFormat(tx)
 		if err != nil || from == formatVersion {
-			return err
-		}
-		if from > formatVersion {
-			return fmt.Errorf("metadata has format %d, newer than this build's %d: %w", from, formatVersion, errdefs.ErrFailedPrecondition)
+			return err // a newer one was refused by checkFormat
 		}
 		g, err := tx.CreateBucketIfNotExists(bucketGrouped)
 		if err != nil {

@@ -4,23 +4,10 @@ package snapshot
 // tests replay the interleavings that matter deterministically. They are
 // nil outside tests.
 var testHooks struct {
-	// mountsAfterRead runs in Mounts after its read transaction, before it
-	// builds the mount from what it read.
-	mountsAfterRead func()
-	// createInTx runs inside create's write transaction after the
-	// snapshot's directories are in place; an error fails the creation.
-	createInTx func() error
-	// createFailed runs in create after a failed creation's transaction
-	// has ended.
-	createFailed func()
-	// makeMappedParent runs in a creation after it has read its mapping's
-	// mapped parent, before it mounts a new one; an error stands for the
-	// kernel's.
-	makeMappedParent func() error
-	// removingDirs runs in Remove after its transaction, before it removes
-	// the snapshot's directories.
-	removingDirs func()
-	// orphansListed runs in RemoveOrphans once the orphans are moved out of
-	// place, before any is removed.
-	orphansListed func()
+	mountsAfterRead  func()       // Mounts: after its read, before it builds the mount
+	createInTx       func() error // create: in its transaction, directories in place
+	createFailed     func()       // create: after a failed creation's transaction
+	makeMappedParent func() error // create: before it mounts a new mapped parent
+	removingDirs     func()       // Remove: after its transaction, before the directories go
+	orphansListed    func()       // RemoveOrphans: orphans moved out of place, none removed yet
 }

@@ -18,11 +18,11 @@ type StartupReport struct {
 	MappedParentsRemoved []string
 }
 
-// reconcile repairs what a crash can leave behind, before anything is
-// served: directories without metadata (the metadata is the truth, and
-// creation and removal order their steps so that a crash leaves only such
-// directories) and the mapped parents, which New has unmounted (unmounted
-// lists them) and which are mounted again as the registry says.
+// reconcile repairs, before anything is served, what a crash can leave:
+// directories without metadata (creation and removal order their steps so
+// that a crash leaves only such directories), and the mapped parents, which
+// New has unmounted (unmounted lists the mount points) and which are
+// mounted again as the registry says.
 func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 	removed, err := s.RemoveOrphans(ctx)
 	s.startup.OrphansRemoved = removed
@@ -33,7 +33,11 @@ func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 	if err != nil {
 		return fmt.Errorf("reconcile mapped parents at start: %w", err)
 	}
-	for _, name := range unmounted {
+	for _, mp := range unmounted {
+		name := filepath.Base(mp)
+		if filepath.Dir(mp) != filepath.Join(s.root, mappedDir) {
+			continue // v/'s own bind mount
+		}
 		if _, ok := registered[name]; !ok || s.mapped == nil {
 			log.G(ctx).WithField("view", filepath.Join(s.root, mappedDir, name)).Info("removed stale view no snapshot uses")
 			s.startup.MappedParentsRemoved = append(s.startup.MappedParentsRemoved, name)
@@ -46,9 +50,4 @@ func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 }
 
 // Startup returns what New repaired at start.
-func (s *Snapshotter) Startup() StartupReport {
-	return StartupReport{
-		OrphansRemoved:       append([]string(nil), s.startup.OrphansRemoved...),
-		MappedParentsRemoved: append([]string(nil), s.startup.MappedParentsRemoved...),
-	}
-}
+func (s *Snapshotter) Startup() StartupReport { return s.startup }

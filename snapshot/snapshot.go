@@ -193,7 +193,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if cfg.IDMap != IDMapShim {
 		s.mapped, unmounted, err = mappedparent.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
 	} else {
-		unmounted, err = mappedparent.UnmountParents(filepath.Join(root, mappedDir), new(atomic.Uint64))
+		unmounted, err = mappedparent.UnmountAll(filepath.Join(root, mappedDir))
 	}
 	if err == nil {
 		err = s.migrateFormat(context.Background())
