@@ -322,6 +322,8 @@ func TestInstallScriptRefusesBadOptions(t *testing.T) {
 		{[]string{"--root", "/", "--no-start"}, "refusing --root /"},
 		{[]string{"--socket", "", "--no-start"}, "--socket needs a value"},
 		{[]string{"--containerd-config"}, "--containerd-config needs a value"},
+		{[]string{"--runtime-handler"}, "--runtime-handler needs a value"},
+		{[]string{"--cri", "--runtime-handler", "grouped", "--no-start"}, "choose one"},
 		// No systemd and no way to restart containerd: refuse up front.
 		{[]string{"--service-manager", "none"}, "--containerd-restart"},
 	} {
@@ -802,4 +804,93 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// TestInstallRuntimeHandler: `install --runtime-handler` renders the
+// handler from the node's containerd configuration (a real containerd's
+// config dump) before writing anything, so a bad name or an unusable
+// containerd binary changes nothing; a good one adds the handler's
+// drop-in, a second install changes nothing, an install without the flag
+// takes the handler away, and the uninstall restores the node.
+func TestInstallRuntimeHandler(t *testing.T) {
+	tools := os.Getenv("GS_TOOLS_BIN")
+	if tools == "" {
+		tools = filepath.Join("..", ".tools", "bin")
+	}
+	containerd, err := filepath.Abs(filepath.Join(tools, "containerd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(containerd); err != nil {
+		t.Fatalf("%v (run make tools)", err)
+	}
+	bin := buildDaemon(t)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "etc/containerd/config.toml")
+	for _, d := range []string{filepath.Dir(config), filepath.Join(dir, "bin")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(config, []byte("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--binary", bin, "--no-start", "--service-manager", "none", "--containerd-restart", "true",
+		"--containerd-config", config, "--root", filepath.Join(dir, "root"), "--socket", filepath.Join(dir, "run/gs.sock"),
+		"--bin-dir", filepath.Join(dir, "bin"), "--config-file", filepath.Join(dir, "etc/gs.toml"), "--log-file", filepath.Join(dir, "gs.log")}
+	before := snapshotTree(t, dir)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--runtime-handler", "Bad_Name", "--containerd-bin", containerd}, "not a DNS label"},
+		{[]string{"--runtime-handler", "runc", "--containerd-bin", containerd}, "default one"},
+		{[]string{"--runtime-handler", "grouped", "--containerd-bin", filepath.Join(dir, "no-containerd")}, "cannot render runtime handler grouped"},
+	} {
+		out, err := exec.Command("./install.sh", append(append([]string{"install"}, c.args...), flags...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) || !strings.Contains(string(out), "nothing was installed or changed") {
+			t.Errorf("install %v: err %v, output %q (want a refusal naming %q)", c.args, err, out, c.want)
+		}
+		if after := snapshotTree(t, dir); after != before {
+			t.Fatalf("install %v changed the node before refusing:\n%s", c.args, after)
+		}
+	}
+
+	dropin := filepath.Join(dir, "etc/containerd/conf.d/grouped-snapshotter-runtime.toml")
+	withHandler := append([]string{"install", "--runtime-handler", "grouped", "--containerd-bin", containerd}, flags...)
+	out := runInstall(t, withHandler...)
+	data, err := os.ReadFile(dropin)
+	if err != nil {
+		t.Fatalf("no handler drop-in: %v\n%s", err, out)
+	}
+	var handler struct {
+		Plugins map[string]struct {
+			Containerd struct {
+				Runtimes map[string]struct {
+					Snapshotter string
+					Options     map[string]any
+				}
+			}
+		}
+	}
+	if err := toml.Unmarshal(data, &handler); err != nil {
+		t.Fatal(err)
+	}
+	h := handler.Plugins["io.containerd.cri.v1.runtime"].Containerd.Runtimes["grouped"]
+	if h.Snapshotter != "grouped" || h.Options["SystemdCgroup"] != true {
+		t.Errorf("handler drop-in: snapshotter %q, options %v; want grouped and the node's SystemdCgroup = true:\n%s", h.Snapshotter, h.Options, data)
+	}
+	installed := snapshotTree(t, dir)
+	if out := runInstall(t, withHandler...); strings.Contains(out, "installed /") || snapshotTree(t, dir) != installed {
+		t.Errorf("a second install changed the node:\n%s", out)
+	}
+	out = runInstall(t, append([]string{"install"}, flags...)...)
+	if _, err := os.Stat(dropin); !os.IsNotExist(err) || !strings.Contains(out, "no --runtime-handler") {
+		t.Errorf("an install without --runtime-handler left its drop-in (%v):\n%s", err, out)
+	}
+	runInstall(t, withHandler...)
+	runInstall(t, append([]string{"uninstall"}, flags[2:]...)...)
+	if after := snapshotTree(t, dir); after != before {
+		t.Errorf("uninstall did not restore the node:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
 }

@@ -4,7 +4,7 @@
 # config file and a containerd drop-in that registers the proxy plugin.
 # Idempotent: running it twice changes nothing the second time.
 #
-#   install.sh install   [options] [--binary PATH] [--cri [--import]] [--export]
+#   install.sh install   [options] [--binary PATH] [--cri [--import] | --runtime-handler NAME] [--export]
 #   install.sh uninstall [options] [--export] [--purge]
 #   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
@@ -16,6 +16,21 @@
 # --binary PATH         the grouped-snapshotter binary to install (default:
 #                       next to this script, or bin/grouped-snapshotter)
 # --cri                 also make CRI (kubelet) pull and run with it
+# --runtime-handler NAME
+#                       instead of --cri: CRI keeps containerd's overlayfs
+#                       for every pod and pull, and gains a runtime handler
+#                       NAME (a copy of its default handler, rendered from
+#                       `containerd config dump` by `grouped-snapshotter
+#                       runtime-handler`) whose pods run on grouped; a
+#                       RuntimeClass naming NAME picks it for the pods that
+#                       gain from grouped (deploy/kubernetes/runtimeclass.yaml).
+#                       CRI unpacks an image into grouped from its content
+#                       store when the first such pod of it starts: no pull.
+#                       Run the install again after changing containerd's
+#                       default runtime handler. Without it, an install
+#                       removes a handler an earlier install added
+# --containerd-bin PATH the host's containerd binary, for its config dump
+#                       (default containerd, on the host's PATH)
 # --import              with --cri, on a node whose CRI still runs on
 #                       containerd's overlayfs: first make the node's images
 #                       (--export-namespaces) unpacked in grouped, from
@@ -60,7 +75,8 @@
 #                       logs
 #
 # Every option except --binary, --cri, --no-start, --import, --export and --purge can
-# also be given in the environment (GS_HOST_ROOT, GS_HOST_PID,
+# also be given in the environment (GS_RUNTIME_HANDLER, GS_CONTAINERD_BIN,
+# GS_HOST_ROOT, GS_HOST_PID,
 # GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
 # GS_CONTAINERD_ADDRESS, GS_EXPORT_NAMESPACES, GS_ROOT, GS_SOCKET,
 # GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE), which is how the DaemonSet keeps
@@ -80,6 +96,8 @@ HOST_PID=${GS_HOST_PID:-1}
 SERVICE_MANAGER=${GS_SERVICE_MANAGER:-auto}
 CONTAINERD_RESTART=${GS_CONTAINERD_RESTART:-}
 CONTAINERD_CONFIG=${GS_CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+CONTAINERD_BIN=${GS_CONTAINERD_BIN:-containerd}
+RUNTIME_HANDLER=${GS_RUNTIME_HANDLER:-}
 ROOT=${GS_ROOT:-/var/lib/grouped-snapshotter}
 SOCKET=${GS_SOCKET:-/run/grouped-snapshotter/grouped-snapshotter.sock}
 BIN_DIR=${GS_BIN_DIR:-/usr/local/bin}
@@ -101,6 +119,8 @@ while [ $# -gt 0 ]; do
 	--host-pid) need "$@"; HOST_PID=$2; shift 2 ;;
 	--binary) need "$@"; BINARY=$2; shift 2 ;;
 	--cri) CRI=1; shift ;;
+	--runtime-handler) need "$@"; RUNTIME_HANDLER=$2; shift 2 ;;
+	--containerd-bin) need "$@"; CONTAINERD_BIN=$2; shift 2 ;;
 	--no-start) START=0; shift ;;
 	--purge) PURGE=1; shift ;;
 	--export) EXPORT=1; shift ;;
@@ -122,6 +142,10 @@ case "$ACTION" in install|uninstall|supervise) ;; *) usage ;; esac
 for p in "$CONTAINERD_CONFIG" "$CONTAINERD_ADDRESS" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
 	case "$p" in /*) ;; *) echo "install.sh: $p is not an absolute host path" >&2; exit 2 ;; esac
 done
+if [ -n "$RUNTIME_HANDLER" ] && [ "$CRI" = 1 ]; then
+	echo "install.sh: --runtime-handler keeps CRI's default snapshotter and --cri replaces it: choose one" >&2
+	exit 2
+fi
 case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
 case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
 
@@ -134,6 +158,8 @@ DROPIN=$CONFD/grouped-snapshotter.toml
 # CRI_PAUSE turns CRI's gRPC service off while switch_cri moves the last
 # images between snapshotters; it exists only for those seconds.
 CRI_PAUSE=$CONFD/grouped-snapshotter-cri-paused.toml
+# The runtime handler of --runtime-handler, in a file of its own.
+RUNTIME_DROPIN=$CONFD/grouped-snapshotter-runtime.toml
 IMPORT_PATTERN=$CONFD/*.toml
 RUN_DIR=$(dirname "$SOCKET")
 PIDFILE=$RUN_DIR/grouped-snapshotter.pid
@@ -405,6 +431,7 @@ do_install() {
 	# Before anything is written: a node where the images cannot move is
 	# refused as it is.
 	[ -z "$MOVE" ] || check_move
+	render_runtime
 	rendered=$(mktemp)
 	trap 'rm -f "$rendered"' EXIT
 	if install_file "$BINARY" "$H$BIN" 0755; then BINARY_CHANGED=1; fi
@@ -426,13 +453,14 @@ do_install() {
 		mkdir -p "$H$CONFD"
 		: >"$H$CONFD/.created-by-grouped-snapshotter"
 	fi
+	runtime_dropin
 	if [ -n "$MOVE" ]; then
 		switch_cri
 		echo "grouped-snapshotter installed"
 		return 0
 	fi
 	dropin >"$rendered"
-	dropin_changed=0
+	dropin_changed=$RUNTIME_CHANGED
 	if install_file "$rendered" "$H$DROPIN" 0644; then dropin_changed=1; fi
 	# A switch that died with CRI off (its watchdog turns CRI on again
 	# within seconds; this is the case it could not run).
@@ -447,6 +475,41 @@ do_install() {
 		restart_containerd
 	fi
 	echo "grouped-snapshotter installed"
+}
+
+# render_runtime renders the drop-in of --runtime-handler from
+# containerd's configuration as the host's containerd reads it, with the
+# binary being installed, before anything is written: a handler that
+# cannot be rendered stops the install with the node unchanged.
+RUNTIME_RENDERED=
+render_runtime() {
+	[ -n "$RUNTIME_HANDLER" ] || return 0
+	RUNTIME_RENDERED=$(mktemp)
+	# shellcheck disable=SC2016 # expanded by the host's shell
+	if ! host sh -c '"$1" --config "$2" config dump | "$3" runtime-handler --name "$4"' sh \
+		"$CONTAINERD_BIN" "$CONTAINERD_CONFIG" "$(abs_binary)" "$RUNTIME_HANDLER" >"$RUNTIME_RENDERED"; then
+		rm -f "$RUNTIME_RENDERED"
+		echo "install.sh: cannot render runtime handler $RUNTIME_HANDLER from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed" >&2
+		exit 1
+	fi
+}
+
+# runtime_dropin installs the rendered drop-in of --runtime-handler, or
+# removes one an earlier install left; it sets RUNTIME_CHANGED=1 when it
+# changed a file.
+RUNTIME_CHANGED=0
+runtime_dropin() {
+	if [ -n "$RUNTIME_RENDERED" ]; then
+		if install_file "$RUNTIME_RENDERED" "$H$RUNTIME_DROPIN" 0644; then
+			RUNTIME_CHANGED=1
+			echo "runtime handler $RUNTIME_HANDLER runs its pods on grouped; CRI's other pods and its pulls stay on its snapshotter"
+		fi
+		rm -f "$RUNTIME_RENDERED"
+	elif [ -f "$H$RUNTIME_DROPIN" ]; then
+		rm -f "$H$RUNTIME_DROPIN"
+		echo "removed $H$RUNTIME_DROPIN: no --runtime-handler"
+		RUNTIME_CHANGED=1
+	fi
 }
 
 # --- moving CRI's images when its snapshotter changes (--import, --export) ---
@@ -583,7 +646,7 @@ switch_cri() {
 		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
 		changed=1
 	fi
-	if [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; then
+	if [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ] || [ "$RUNTIME_CHANGED" = 1 ]; then
 		echo "the snapshotter answers on $SOCKET: containerd loads the drop-in; CRI keeps running pods from $FROM"
 		restart_containerd
 	fi
@@ -641,7 +704,8 @@ do_uninstall() {
 	fi
 	removed_dropin=0
 	[ -f "$H$DROPIN" ] && removed_dropin=1
-	rm -f "$H$DROPIN" "$H$CRI_PAUSE"
+	[ -f "$H$RUNTIME_DROPIN" ] && removed_dropin=1 && echo "removed $H$RUNTIME_DROPIN"
+	rm -f "$H$DROPIN" "$H$CRI_PAUSE" "$H$RUNTIME_DROPIN"
 	[ "$removed_dropin" = 0 ] || echo "removed $H$DROPIN"
 	if [ -f "$H$CONFD/.created-by-grouped-snapshotter" ]; then
 		rm -f "$H$CONFD/.created-by-grouped-snapshotter"

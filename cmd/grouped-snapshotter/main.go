@@ -45,6 +45,7 @@ func main() {
 			importCommand(),
 			exportCommand(),
 			configCommand(),
+			runtimeHandlerCommand(),
 			versionCommand(),
 		},
 		// urfave/cli prints errors itself only for some cases; do it once here.
