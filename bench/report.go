@@ -564,6 +564,64 @@ func writeAPI(b *strings.Builder, res *Results) {
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
+	writeAPICPU(b, res)
+}
+
+// apiCPU returns contender's daemon CPU per call of op in µs, one value
+// per timed repetition in repetition order; op "" sums a cycle's calls.
+func apiCPU(rows []APIRow, contender, op string) []float64 {
+	byRep := map[int]float64{}
+	var reps []int
+	for _, r := range rows {
+		if r.Contender != contender || r.CPU == 0 || (op != "" && r.Op != op) {
+			continue
+		}
+		if _, ok := byRep[r.Rep]; !ok {
+			reps = append(reps, r.Rep)
+		}
+		byRep[r.Rep] += float64(r.CPU.Nanoseconds()) / 1000
+	}
+	slices.Sort(reps)
+	out := make([]float64, len(reps))
+	for i, rep := range reps {
+		out[i] = byRep[rep]
+	}
+	return out
+}
+
+// writeAPICPU is the daemon's CPU per call, each contender against the
+// control (containerd's overlay code behind the same server and client):
+// what of a call's CPU is grouped's own work.
+func writeAPICPU(b *strings.Builder, res *Results) {
+	control := Contenders[3].Name
+	if len(apiCPU(res.API, control, "")) == 0 {
+		return
+	}
+	b.WriteString("Daemon CPU per call, µs: what the daemon's threads ran from just before the call to its answer (`/proc/PID/task/*/schedstat`, user and kernel), the mean over a repetition's calls, median over repetitions; the ratio to the control, containerd's overlay code behind the same gRPC server and client, is a ratio of medians with a bootstrap 95% interval over the interleaved repetitions. Work done after an answer (garbage collection among it) lands in the next call's row: only the cycle's sum is exact.\n\n")
+	b.WriteString("| operation |")
+	for _, c := range apiContenders {
+		fmt.Fprintf(b, " %s |", c.Name)
+	}
+	for _, c := range apiContenders[:len(apiContenders)-1] {
+		fmt.Fprintf(b, " %s ÷ control |", c.Name)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", 2*len(apiContenders)-1) + "\n")
+	for _, op := range append(append([]string{}, APIOps...), "") {
+		name := op
+		if op == "" {
+			name = "**a cycle (the calls above)**"
+		}
+		fmt.Fprintf(b, "| %s |", name)
+		for _, c := range apiContenders {
+			fmt.Fprintf(b, " %s |", Summarize(apiCPU(res.API, c.Name, op)).format("%.0f"))
+		}
+		for _, c := range apiContenders[:len(apiContenders)-1] {
+			iv := BootstrapRatio(apiCPU(res.API, c.Name, op), apiCPU(res.API, control, op), 0, 1)
+			fmt.Fprintf(b, " %s |", iv.format())
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
 }
 
 func writeMemory(b *strings.Builder, res *Results) {
