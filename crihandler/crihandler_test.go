@@ -100,7 +100,7 @@ imports = ["` + filepath.Join(dir, "conf.d", "*.toml") + `"]
 			for k, v := range runc {
 				if k != "snapshotter" {
 					n++
-					if got, _ := toml.Marshal(map[string]any{k: handler[k]}); string(got) != string(must(toml.Marshal(map[string]any{k: v}))) {
+					if got, _ := toml.Marshal(map[string]any{k: handler[k]}); string(got) != string(marshal(t, map[string]any{k: v})) {
 						t.Errorf("handler's %s = %v, the default handler's %v", k, handler[k], v)
 					}
 				}
@@ -117,9 +117,11 @@ imports = ["` + filepath.Join(dir, "conf.d", "*.toml") + `"]
 	}
 }
 
-func must(b []byte, err error) []byte {
+func marshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := toml.Marshal(v)
 	if err != nil {
-		panic(err)
+		t.Fatal(err)
 	}
 	return b
 }

@@ -371,19 +371,8 @@ func TestUninstallExportRefusesWithoutDaemon(t *testing.T) {
 // architecture's image is unpacked and its install.sh run by
 // integration's TestInstallerImage.)
 func TestBuildImageMultiArch(t *testing.T) {
-	tools := os.Getenv("GS_TOOLS_BIN")
-	if tools == "" {
-		tools = filepath.Join("..", ".tools", "bin")
-	}
-	crane, err := filepath.Abs(filepath.Join(tools, "crane"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{crane, filepath.Join(tools, "grpc-health-probe")} {
-		if _, err := os.Stat(f); err != nil {
-			t.Fatalf("%v (run make tools)", err)
-		}
-	}
+	crane := toolPath(t, "crane")
+	toolPath(t, "grpc-health-probe")
 	host := startCraneRegistry(t, crane)
 	ref := host + "/installer:multi"
 	build := exec.Command("../hack/build-image.sh", ref)
@@ -813,17 +802,7 @@ func readFile(t *testing.T, path string) string {
 // drop-in, a second install changes nothing, an install without the flag
 // takes the handler away, and the uninstall restores the node.
 func TestInstallRuntimeHandler(t *testing.T) {
-	tools := os.Getenv("GS_TOOLS_BIN")
-	if tools == "" {
-		tools = filepath.Join("..", ".tools", "bin")
-	}
-	containerd, err := filepath.Abs(filepath.Join(tools, "containerd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(containerd); err != nil {
-		t.Fatalf("%v (run make tools)", err)
-	}
+	containerd := toolPath(t, "containerd")
 	bin := buildDaemon(t)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "etc/containerd/config.toml")
@@ -893,4 +872,22 @@ func TestInstallRuntimeHandler(t *testing.T) {
 	if after := snapshotTree(t, dir); after != before {
 		t.Errorf("uninstall did not restore the node:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+}
+
+// toolPath returns the absolute path of a tool `make tools` built, and
+// fails t when it is missing.
+func toolPath(t *testing.T, name string) string {
+	t.Helper()
+	tools := os.Getenv("GS_TOOLS_BIN")
+	if tools == "" {
+		tools = filepath.Join("..", ".tools", "bin")
+	}
+	path, err := filepath.Abs(filepath.Join(tools, name))
+	if err == nil {
+		_, err = os.Stat(path)
+	}
+	if err != nil {
+		t.Fatalf("%v (run make tools)", err)
+	}
+	return path
 }

@@ -161,12 +161,14 @@ func pruneMappedParents(tx *bolt.Tx, only string, drop func(user string) bool) (
 		mb := views.Bucket(k)
 		if users := mb.Bucket(bucketUsers); users != nil {
 			var gone []string
-			users.ForEach(func(u, _ []byte) error {
+			if err := users.ForEach(func(u, _ []byte) error {
 				if drop(string(u)) {
 					gone = append(gone, string(u))
 				}
 				return nil
-			})
+			}); err != nil {
+				return err
+			}
 			for _, u := range gone {
 				if err := users.Delete([]byte(u)); err != nil {
 					return err
