@@ -88,6 +88,18 @@ func checkTracked(t *testing.T, root string) (checked int, bad []violation) {
 			if err != nil {
 				t.Fatalf("tracked file %s: %v", p, err)
 			}
+			// A symlink out of the repository points at one machine's
+			// files (a committed .tools -> /work/.../.tools once made every
+			// clone use this machine's tools cache).
+			if fi.Mode()&os.ModeSymlink != 0 {
+				target, err := os.Readlink(full)
+				if err != nil {
+					t.Fatalf("tracked symlink %s: %v", p, err)
+				}
+				if rel := filepath.Join(filepath.Dir(p), target); filepath.IsAbs(target) || rel == ".." || strings.HasPrefix(rel, "../") {
+					bad = append(bad, violation{p, fmt.Sprintf("a symlink out of the repository (to %s)", target)})
+				}
+			}
 			// Symlinks and submodules (directories) hold no content here.
 			if !fi.Mode().IsRegular() {
 				continue
@@ -170,8 +182,9 @@ func TestNoBuildOutputsOrLargeFiles(t *testing.T) {
 
 // TestCheckFindsViolations runs the check on a scratch repository that
 // tracks an ELF file, a file of just over 1 MiB, one of exactly 1 MiB, a
-// short file, a symlink, and an ELF file deleted from the work tree but
-// still in the index: only the ELF files and the large file are reported.
+// short file, a symlink inside it, two out of it, and an ELF file deleted
+// from the work tree but still in the index: only the ELF files, the large
+// file and the symlinks out of the repository are reported.
 func TestCheckFindsViolations(t *testing.T) {
 	root := t.TempDir()
 	git(t, root, "init", "-q")
@@ -202,8 +215,10 @@ func TestCheckFindsViolations(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink("big.bin", filepath.Join(root, "link")); err != nil {
-		t.Fatal(err)
+	for link, target := range map[string]string{"link": "big.bin", "dir/up": "../short", ".tools": "/work/cache/.tools", "dir/out": "../../elsewhere"} {
+		if err := os.Symlink(target, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	git(t, root, "add", ".")
 	if err := os.Remove(filepath.Join(root, "gone/tool")); err != nil {
@@ -211,7 +226,7 @@ func TestCheckFindsViolations(t *testing.T) {
 	}
 	checked, bad := checkTracked(t, root)
 	if checked != len(files) {
-		t.Errorf("checked %d files, want %d (the symlink has no content)", checked, len(files))
+		t.Errorf("checked %d files, want %d (symlinks have no content)", checked, len(files))
 	}
 	got := map[string]string{}
 	for _, v := range bad {
@@ -221,6 +236,8 @@ func TestCheckFindsViolations(t *testing.T) {
 		"tool":      "an ELF file (a build output)",
 		"gone/tool": "an ELF file (a build output)",
 		"big.bin":   fmt.Sprintf("%d bytes, over the %d-byte limit", maxFileSize+1, maxFileSize),
+		".tools":    "a symlink out of the repository (to /work/cache/.tools)",
+		"dir/out":   "a symlink out of the repository (to ../../elsewhere)",
 	}
 	if len(got) != len(want) || len(bad) != len(want) {
 		t.Errorf("violations %v, want %v", bad, want)
@@ -244,7 +261,7 @@ func TestOutputsIgnored(t *testing.T) {
 		"grouped-snapshotter",
 		"integration/integration.test",
 		"snapshot/snapshot.test",
-		".tools/bin/containerd",
+		".tools", // a directory, or a symlink to a shared tools cache
 	}
 	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.ConformanceFile} {
 		paths = append(paths, filepath.Join(results.OutputDir, f))
