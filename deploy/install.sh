@@ -473,6 +473,7 @@ do_install() {
 	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
 		echo "the snapshotter answers on $SOCKET: containerd can load the drop-in"
 		restart_containerd
+		forget_stale
 	fi
 	echo "grouped-snapshotter installed"
 }
@@ -586,6 +587,17 @@ check_move() {
 	fi
 }
 
+# forget_stale, once containerd has loaded the plugin and before anything
+# unpacks into grouped: an uninstall --purge while containers ran on
+# grouped leaves containerd records of snapshots the new root does not
+# have, and containerd refuses to unpack a layer under a name it records.
+# Not fatal: containerd already runs with the plugin, and the records only
+# stop images unpacked before the purge.
+forget_stale() {
+	host "$BIN" forget --stale --containerd-address "$CONTAINERD_ADDRESS" ||
+		echo "install.sh: warning: containerd's records of snapshots grouped no longer has could not be removed (above); unpacking an image into grouped that was there before the last purge may fail until \`grouped-snapshotter forget --stale\` succeeds" >&2
+}
+
 # pause_cri turns CRI's gRPC service off with a containerd restart: kubelet
 # can then neither pull nor start anything. A host process outside this
 # pod turns it on again should this script die meanwhile (a pod deleted
@@ -649,6 +661,7 @@ switch_cri() {
 	if [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ] || [ "$RUNTIME_CHANGED" = 1 ]; then
 		echo "the snapshotter answers on $SOCKET: containerd loads the drop-in; CRI keeps running pods from $FROM"
 		restart_containerd
+		forget_stale
 	fi
 	echo "${MOVE}ing the images of containerd namespaces $EXPORT_NAMESPACES from $FROM to $TO while CRI keeps serving pods from $FROM"
 	if ! move_images "$BIN"; then

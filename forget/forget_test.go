@@ -37,3 +37,19 @@ func TestPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendKey: the snapshotter's NotFound for a record's backend key is
+// told from containerd's own for a key it has no record of.
+func TestBackendKey(t *testing.T) {
+	re := backendKey("k8s.io", "sha256:ab.c")
+	for msg, want := range map[string]bool{
+		`stat "k8s.io/12/sha256:ab.c": snapshot k8s.io/12/sha256:ab.c does not exist: not found`: true,
+		`snapshot sha256:ab.c does not exist: not found`:                                        false,
+		`stat "k8s.io/12/sha256:abXc": not found`:                                               false,
+		`stat "other/12/sha256:ab.c": not found`:                                                false,
+	} {
+		if got := re.MatchString(msg); got != want {
+			t.Errorf("backendKey matches %q: %v, want %v", msg, got, want)
+		}
+	}
+}

@@ -13,7 +13,9 @@ import (
 )
 
 // forgetCommand removes containerd's records of grouped's snapshots, the
-// uninstall's step before a purge deletes the snapshots themselves.
+// uninstall's step before a purge deletes the snapshots themselves; with
+// --stale, the install's step after containerd loads the plugin: the
+// records of snapshots a purge deleted under running containers.
 func forgetCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "forget",
@@ -22,6 +24,7 @@ func forgetCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "snapshotter", Value: config.Name, Usage: "grouped-snapshotter's name in containerd's config"},
+			&cli.BoolFlag{Name: "stale", Usage: "remove only the records of snapshots grouped no longer has (left by a purge while containers used them), which the containers and images of containerd name; install runs it"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -36,7 +39,19 @@ func forgetCommand() *cli.Command {
 				return fmt.Errorf("connect to containerd at %q: %w", address, err)
 			}
 			defer cl.Close()
-			results, err := forget.Snapshots(c.Context, cl, c.String("snapshotter"))
+			name := c.String("snapshotter")
+			if c.Bool("stale") {
+				results, err := forget.Stale(c.Context, cl, name)
+				for _, r := range results {
+					fmt.Printf("namespace %s: %d records of snapshots %s no longer has forgotten", r.Namespace, r.Removed, name)
+					if len(r.Kept) > 0 {
+						fmt.Printf(", %d kept: they have children no container or image names (%v)", len(r.Kept), r.Kept)
+					}
+					fmt.Println()
+				}
+				return err
+			}
+			results, err := forget.Snapshots(c.Context, cl, name)
 			for _, r := range results {
 				fmt.Printf("namespace %s: %d snapshots forgotten", r.Namespace, r.Removed)
 				if len(r.Kept) > 0 {
@@ -45,7 +60,7 @@ func forgetCommand() *cli.Command {
 				fmt.Println()
 			}
 			if err == nil && len(results) == 0 {
-				fmt.Printf("containerd records no snapshot of %s\n", c.String("snapshotter"))
+				fmt.Printf("containerd records no snapshot of %s\n", name)
 			}
 			return err
 		},
