@@ -44,9 +44,9 @@ func TestBackendKey(t *testing.T) {
 	re := backendKey("k8s.io", "sha256:ab.c")
 	for msg, want := range map[string]bool{
 		`stat "k8s.io/12/sha256:ab.c": snapshot k8s.io/12/sha256:ab.c does not exist: not found`: true,
-		`snapshot sha256:ab.c does not exist: not found`:                                        false,
-		`stat "k8s.io/12/sha256:abXc": not found`:                                               false,
-		`stat "other/12/sha256:ab.c": not found`:                                                false,
+		`snapshot sha256:ab.c does not exist: not found`:                                         false,
+		`stat "k8s.io/12/sha256:abXc": not found`:                                                false,
+		`stat "other/12/sha256:ab.c": not found`:                                                 false,
 	} {
 		if got := re.MatchString(msg); got != want {
 			t.Errorf("backendKey matches %q: %v, want %v", msg, got, want)

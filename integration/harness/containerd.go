@@ -170,3 +170,6 @@ func (c *Containerd) OverlayfsDir() string { return c.SnapshotsDir(SnapshotterOv
 func (c *Containerd) SnapshotsDir(name string) string {
 	return filepath.Join(c.Root, "io.containerd.snapshotter.v1."+name, "snapshots")
 }
+
+// Bin is the containerd binary the Env runs.
+func (c *Containerd) Bin() string { return c.bin }

@@ -1,0 +1,149 @@
+package k8s
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
+)
+
+// TestRuntimeHandler installs grouped-snapshotter in runtime-handler mode
+// (install.sh --runtime-handler grouped, RuntimeClass grouped) on a node
+// whose CRI runs on containerd's overlayfs, and shows on the real node
+// that only the pods naming the RuntimeClass run on grouped: a plain pod's
+// containers keep overlayfs and nothing of it reaches the daemon, a
+// user-namespaced pod of the same image, pulled before through overlayfs,
+// runs on grouped with no pull (the registry is paused), its image
+// unpacked into grouped by CRI. The uninstall takes the handler away.
+func TestRuntimeHandler(t *testing.T) {
+	env, cl := testCluster(t)
+	n := newNode(env)
+	diagNode = n
+	rs := startRestarter(t, env, n)
+	t.Cleanup(func() {
+		rs.Close()
+		cleanupNode(t, n)
+	})
+	bin := buildDaemon(t)
+	image := buildImage(t, env, harness.ImageSpec{Name: "runtime-handler", Layers: 5})
+	install := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), repoFile(t, "deploy/install.sh"), args...)
+		cmd.Env = append(os.Environ(), n.installEnv(env)...)
+		cmd.Env = append(cmd.Env, "GS_CONTAINERD_BIN="+env.Containerd.Bin())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("install.sh %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+
+	// The image is on the node, pulled by kubelet through overlayfs.
+	kubectlApply(t, cl, podYAML("rh-pull", image, false, ""))
+	kubectl(t, cl, "wait", "--for=condition=Ready", "--timeout=120s", "pod/rh-pull")
+	kubectl(t, cl, "delete", "pod", "rh-pull", "--wait", "--timeout=60s")
+
+	out := install("install", "--runtime-handler", "grouped", "--binary", bin)
+	t.Logf("install --runtime-handler grouped:\n%s", out)
+	dropin := filepath.Join(filepath.Dir(n.ContainerdConfig), "conf.d", "grouped-snapshotter-runtime.toml")
+	if _, err := os.Stat(dropin); err != nil {
+		t.Fatalf("no runtime handler drop-in: %v", err)
+	}
+	if again := install("install", "--runtime-handler", "grouped", "--binary", bin); strings.Contains(again, "installed ") {
+		t.Errorf("a second install changed files:\n%s", again)
+	}
+	rc, err := os.ReadFile(repoFile(t, "deploy/kubernetes/runtimeclass.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectlApply(t, cl, rc)
+	defer kubectl(t, cl, "delete", "runtimeclass", "grouped", "--ignore-not-found")
+
+	reg := pauseRegistry(t, env)
+	t0 := time.Now()
+	kubectlApply(t, cl, append(podYAML("rh-plain", image, false, ""), append([]byte("---\n"), podYAML("rh-userns", image, true, "grouped")...)...))
+	kubectl(t, cl, "wait", "--for=condition=Ready", "--timeout=180s", "pod/rh-plain", "pod/rh-userns")
+	t.Logf("a plain pod and a user-namespaced pod of runtime class grouped Ready %s after their creation, the registry paused", since(t0))
+	reg.resume(t)
+
+	for pod, want := range map[string]string{"rh-plain": "overlayfs", "rh-userns": "grouped"} {
+		p := getPod(t, cl, pod)
+		for _, c := range []string{"c1", "c2"} {
+			id := containerID(t, p, c)
+			info, err := env.CtrNS(t.Context(), harness.CRINamespace, "containers", "info", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec struct{ Snapshotter, SnapshotKey string }
+			if err := json.Unmarshal([]byte(info), &rec); err != nil {
+				t.Fatalf("containers info %s: %v\n%s", id, err, info)
+			}
+			if rec.Snapshotter != want {
+				t.Errorf("pod %s container %s runs on snapshotter %q, want %q", pod, c, rec.Snapshotter, want)
+			}
+		}
+	}
+	if p := getPod(t, cl, "rh-userns"); p.Spec.HostUsers == nil || *p.Spec.HostUsers {
+		t.Errorf("pod rh-userns is not user-namespaced: hostUsers %v", p.Spec.HostUsers)
+	}
+	// Every layer of the image is in grouped (CRI's unpack at creation),
+	// and grouped holds nothing of the plain pod: its active snapshots are
+	// the user-namespaced pod's sandbox and containers only.
+	if got := len(committed(t, env, harness.CRINamespace, "grouped")); got < 5 {
+		t.Errorf("grouped holds %d committed layers, want at least the image's 5", got)
+	}
+	active := 0
+	for key := range criSnapshots(t, env) {
+		for _, c := range []string{"c1", "c2"} {
+			if key == containerID(t, getPod(t, cl, "rh-plain"), c) {
+				t.Errorf("grouped holds the plain pod's container snapshot %s", key)
+			}
+			if key == containerID(t, getPod(t, cl, "rh-userns"), c) {
+				active++
+			}
+		}
+	}
+	if active != 2 {
+		t.Errorf("grouped holds %d of the user-namespaced pod's 2 container snapshots", active)
+	}
+
+	kubectl(t, cl, "delete", "pod", "rh-plain", "rh-userns", "--wait", "--timeout=60s")
+	out = install("uninstall", "--purge")
+	t.Logf("uninstall --purge:\n%s", out)
+	if _, err := os.Stat(dropin); !os.IsNotExist(err) {
+		t.Errorf("the uninstall left the runtime handler drop-in: %v", err)
+	}
+}
+
+// podYAML is a pod of two sleeping containers of image, user-namespaced
+// or not, of runtimeClass when it is not "".
+func podYAML(name, image string, userns bool, runtimeClass string) []byte {
+	spec := ""
+	if userns {
+		spec += "\n  hostUsers: false"
+	}
+	if runtimeClass != "" {
+		spec += "\n  runtimeClassName: " + runtimeClass
+	}
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+spec:%[3]s
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c1
+      image: %[2]s
+      command: ["sleep", "3600"]
+    - name: c2
+      image: %[2]s
+      command: ["sleep", "3600"]
+`, name, image, spec)
+}
