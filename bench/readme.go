@@ -41,6 +41,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{ReadmeBegin, ReadmeEnd, ReadmeTables},
 		{HeadlineBegin, HeadlineEnd, ReadmeHeadline},
 		{DensityBegin, DensityEnd, func(res *Results) string { return DensityTables(res.densitySource()) }},
+		{CPUSharesBegin, CPUSharesEnd, CPUShares},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

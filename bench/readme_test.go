@@ -185,7 +185,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin} {
+		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin} {
 			if strings.Contains(string(old), marker) {
 				blocks[marker] = doc
 			}
@@ -199,7 +199,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 			t.Errorf("%s differs from bench/results/%s: run `make bench-readme`", doc, from)
 		}
 	}
-	if blocks[HeadlineBegin] != readme || blocks[ReadmeBegin] != benchmarks || blocks[DensityBegin] != benchmarks {
+	if blocks[HeadlineBegin] != readme || blocks[ReadmeBegin] != benchmarks || blocks[DensityBegin] != benchmarks || blocks[CPUSharesBegin] != benchmarks {
 		t.Errorf("blocks found in %v; want the headline in the README and the tables in docs/benchmarks.md", blocks)
 	}
 }
