@@ -36,9 +36,12 @@ const (
 	DefaultContainerdAddress = "/run/containerd/containerd.sock"
 	// DefaultConfigPath is read when it exists and no --config is given.
 	DefaultConfigPath = "/etc/grouped-snapshotter/config.toml"
-	// DefaultGOMAXPROCS is 0: Go's own choice, which follows the CPUs and
-	// the cgroup CPU limit the daemon runs with.
-	DefaultGOMAXPROCS = 0
+	// DefaultGOMAXPROCS is 1: with one thread running its Go code, an idle
+	// daemon woken by a call does not wake a second thread to look for
+	// work. The daemon's CPU per pull fell by a fifth with no pull or burst
+	// slower (bench/results/ab-gomaxprocs1.md); its calls are short and
+	// wait mostly in syscalls, which release the thread.
+	DefaultGOMAXPROCS = 1
 )
 
 // maxGOMAXPROCS bounds gomaxprocs to something a machine may have.
@@ -68,7 +71,7 @@ type Config struct {
 	// "unix:///path".
 	MetricsAddress string `toml:"metrics_address"`
 	// GOMAXPROCS is the number of threads that run the daemon's Go code at
-	// once; 0 leaves Go's default (the CPUs and cgroup CPU limit the daemon
+	// once (DefaultGOMAXPROCS); 0 leaves Go's default (the CPUs and cgroup CPU limit the daemon
 	// runs with). A GOMAXPROCS environment variable wins over it. The
 	// in-process plugin ignores it: containerd owns that runtime.
 	GOMAXPROCS int `toml:"gomaxprocs"`

@@ -13,16 +13,18 @@ import (
 )
 
 // TestGOMAXPROCS runs the daemon and reads the Go runtime's own
-// go_sched_gomaxprocs_threads from its metrics: Go's own choice by default
-// (what this test process, in the same cgroup, got), the config's gomaxprocs
-// when set, and the environment variable over both.
+// go_sched_gomaxprocs_threads from its metrics: one thread by default,
+// Go's own choice with gomaxprocs = 0 (what this test process, in the same
+// cgroup, got), the config's gomaxprocs when set, and the environment
+// variable over both.
 func TestGOMAXPROCS(t *testing.T) {
 	requireRoot(t)
 	for _, tc := range []struct {
 		name, config, env string
 		want              int
 	}{
-		{"default", "", "", runtime.GOMAXPROCS(0)},
+		{"default", "", "", 1},
+		{"Go's choice", "gomaxprocs = 0\n", "", runtime.GOMAXPROCS(0)},
 		{"config", "gomaxprocs = 2\n", "", 2},
 		{"environment wins", "gomaxprocs = 2\n", "3", 3},
 	} {
