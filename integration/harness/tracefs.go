@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // MountSyscalls are the mount-family syscalls a MountTrace counts, by their
@@ -83,6 +84,57 @@ type MountTrace struct {
 	// out of its small cache, and no event of the trace names a thread
 	// that existed before it (a daemon's worker thread, say).
 	names map[string]string
+	// timed enables every traced syscall's exit event too, and times
+	// holds, after read, the time between each call's enter and exit.
+	timed bool
+	times SyscallTimes
+}
+
+// SyscallTimes is the time spent inside syscalls, by command name, then
+// syscall: from each call's enter event to its exit event (tracefs
+// timestamps, microsecond resolution), for calls whose both events the
+// trace holds. For mount-family syscalls it is an upper bound on the time
+// they held the kernel's mount lock: a call also waits for it, and does
+// work outside it.
+type SyscallTimes map[string]map[string]time.Duration
+
+// Total is the time summed over every command and syscall.
+func (t SyscallTimes) Total() time.Duration {
+	var total time.Duration
+	for _, bySyscall := range t {
+		for _, d := range bySyscall {
+			total += d
+		}
+	}
+	return total
+}
+
+// Filter keeps the commands keep accepts.
+func (t SyscallTimes) Filter(keep func(comm string) bool) SyscallTimes {
+	out := SyscallTimes{}
+	for comm, bySyscall := range t {
+		if keep(comm) {
+			out[comm] = maps.Clone(bySyscall)
+		}
+	}
+	return out
+}
+
+// SnapshotSide keeps the snapshot side's commands (as MountCounts does).
+func (t SyscallTimes) SnapshotSide() SyscallTimes {
+	return t.Filter(func(comm string) bool { return CommGroup(comm) != GroupRunc && CommGroup(comm) != GroupOther })
+}
+
+// Runc keeps runc's commands.
+func (t SyscallTimes) Runc() SyscallTimes {
+	return t.Filter(func(comm string) bool { return CommGroup(comm) == GroupRunc })
+}
+
+func (t SyscallTimes) add(comm, syscallName string, d time.Duration) {
+	if t[comm] == nil {
+		t[comm] = map[string]time.Duration{}
+	}
+	t[comm][syscallName] += d
 }
 
 // StartMountTrace starts counting the mount-family syscalls of pids (every
@@ -113,7 +165,21 @@ func StartThreadTrace(syscalls []string, pid int) (*MountTrace, error) {
 	return startTrace(nil, syscalls, []int{pid}, false)
 }
 
+// StartTimedMountTrace is StartMountTrace that also times each call (Times,
+// after Stop): every syscall's exit event is traced too, twice the events.
+func StartTimedMountTrace(pids ...int) (*MountTrace, error) {
+	return startTraceWith(nil, MountSyscalls, pids, true, true)
+}
+
+// Times returns the time spent in the traced syscalls, after Stop of a
+// trace started by StartTimedMountTrace (nil for another).
+func (tr *MountTrace) Times() SyscallTimes { return tr.times }
+
 func startTrace(filters map[string]string, syscalls []string, pids []int, descendants bool) (tr *MountTrace, err error) {
+	return startTraceWith(filters, syscalls, pids, descendants, false)
+}
+
+func startTraceWith(filters map[string]string, syscalls []string, pids []int, descendants, timed bool) (tr *MountTrace, err error) {
 	for sc := range filters {
 		if !slices.Contains(syscalls, sc) {
 			return nil, fmt.Errorf("start syscall trace: filter for %q, which is not traced", sc)
@@ -129,7 +195,7 @@ func startTrace(filters map[string]string, syscalls []string, pids []int, descen
 	if err != nil {
 		return nil, err
 	}
-	tr = &MountTrace{mountPoint: mountPoint, syscalls: slices.Clone(syscalls)}
+	tr = &MountTrace{mountPoint: mountPoint, syscalls: slices.Clone(syscalls), timed: timed}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, tr.release())
@@ -157,10 +223,7 @@ func startTrace(filters map[string]string, syscalls []string, pids []int, descen
 			return tr, err
 		}
 	}
-	for _, sc := range exitSyscalls {
-		if !slices.Contains(tr.syscalls, sc) {
-			continue
-		}
+	for _, sc := range tr.exits() {
 		if err := tr.write(exitEnable(sc), "1"); err != nil {
 			return tr, err
 		}
@@ -176,6 +239,21 @@ func startTrace(filters map[string]string, syscalls []string, pids []int, descen
 		}
 	}
 	return tr, nil
+}
+
+// exits are the syscalls whose exit events the trace enables: all of a
+// timed trace's, else those whose result it reads.
+func (tr *MountTrace) exits() []string {
+	if tr.timed {
+		return tr.syscalls
+	}
+	var out []string
+	for _, sc := range exitSyscalls {
+		if slices.Contains(tr.syscalls, sc) {
+			out = append(out, sc)
+		}
+	}
+	return out
 }
 
 func eventEnable(syscallName string) string {
@@ -283,7 +361,7 @@ func (tr *MountTrace) Stop() (MountCounts, error) {
 	for _, sc := range tr.syscalls {
 		errs = append(errs, tr.write(eventEnable(sc), "0"))
 	}
-	for _, sc := range exitSyscalls {
+	for _, sc := range tr.exits() {
 		errs = append(errs, tr.write(exitEnable(sc), "0"))
 	}
 	for _, ev := range commEvents {
@@ -324,9 +402,17 @@ func (tr *MountTrace) read() (MountCounts, error) {
 		if err != nil {
 			return nil, fmt.Errorf("keep trace in %s: %w", keep, err)
 		}
-		return parseTrace(bytes.NewReader(data), tr.names)
+		return tr.parse(bytes.NewReader(data))
 	}
-	return parseTrace(f, tr.names)
+	return tr.parse(f)
+}
+
+func (tr *MountTrace) parse(r io.Reader) (MountCounts, error) {
+	counts, times, err := parseTraceTimes(r, tr.names)
+	if tr.timed {
+		tr.times = times
+	}
+	return counts, err
 }
 
 // release removes the instance and the private tracefs mount.
@@ -375,12 +461,12 @@ type MountCounts map[string]map[string]int
 //
 // The command name may itself contain '-', so the pid is the last one
 // before the CPU field.
-var traceLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\(`)
+var traceLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+([\d.]+):\s+sys_(\w+)\(`)
 
 // exitLine matches a syscall's exit event, with its result:
 //
 //	<comm>-<pid> [(<tgid>)] [<cpu>] <flags> <timestamp>: sys_<name> -> 0x<result>
-var exitLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+[\d.]+:\s+sys_(\w+)\s+->\s+0x([0-9a-f]+)\s*$`)
+var exitLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+([\d.]+):\s+sys_(\w+)\s+->\s+0x([0-9a-f]+)\s*$`)
 
 // commLine matches the scheduler events that name a process:
 //
@@ -403,10 +489,21 @@ var entriesLine = regexp.MustCompile(`^#\s*entries-in-buffer/entries-written:\s*
 // call whose exit event says it failed with EBUSY is counted under its name
 // + BusySuffix instead of its name.
 func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
-	counts := MountCounts{}
-	// entered holds, per thread, the command name and syscall of its last
-	// enter event, for its exit event (a thread makes one call at a time).
-	type call struct{ comm, name string }
+	counts, _, err := parseTraceTimes(r, initial)
+	return counts, err
+}
+
+// parseTraceTimes is parseTrace that also returns the time between each
+// call's enter and exit events, for the calls whose exit the trace holds.
+func parseTraceTimes(r io.Reader, initial map[string]string) (MountCounts, SyscallTimes, error) {
+	counts, times := MountCounts{}, SyscallTimes{}
+	// entered holds, per thread, the command name, syscall and timestamp of
+	// its last enter event, for its exit event (a thread makes one call at
+	// a time).
+	type call struct {
+		comm, name string
+		at         time.Duration
+	}
 	entered := map[string]call{}
 	// names holds the command name of each pid as the scheduler events of
 	// the trace tell it, to name lines tracefs prints as "<...>".
@@ -422,7 +519,7 @@ func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 		line := sc.Text()
 		if strings.HasPrefix(line, "#") {
 			if m := entriesLine.FindStringSubmatch(line); m != nil && m[1] != m[2] {
-				return nil, fmt.Errorf("trace lost events: %s entries kept of %s written", m[1], m[2])
+				return nil, nil, fmt.Errorf("trace lost events: %s entries kept of %s written", m[1], m[2])
 			}
 			continue
 		}
@@ -437,7 +534,13 @@ func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 			c, ok := entered[m[2]]
 			delete(entered, m[2])
 			// An exit without its enter began before the trace.
-			if ok && c.name == m[3] && isErrno(m[4], syscall.EBUSY) {
+			if !ok || c.name != m[4] {
+				continue
+			}
+			if at, err := traceTime(m[3]); err == nil && at >= c.at {
+				times.add(c.comm, c.name, at-c.at)
+			}
+			if isErrno(m[5], syscall.EBUSY) {
 				counts.add(c.comm, c.name, -1)
 				counts.add(c.comm, c.name+BusySuffix, 1)
 			}
@@ -445,7 +548,7 @@ func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 		}
 		m := traceLine.FindStringSubmatch(line)
 		if m == nil {
-			return nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
+			return nil, nil, fmt.Errorf("trace line %d: unexpected format %q", n, line)
 		}
 		// tracefs prints every line of a pid with the name it last
 		// recorded for it (runc's init shows as the container's command
@@ -455,13 +558,36 @@ func parseTrace(r io.Reader, initial map[string]string) (MountCounts, error) {
 		if name := names[m[2]]; name != "" {
 			comm = name
 		}
-		counts.add(comm, m[3], 1)
-		entered[m[2]] = call{comm, m[3]}
+		counts.add(comm, m[4], 1)
+		at, err := traceTime(m[3])
+		if err != nil {
+			return nil, nil, fmt.Errorf("trace line %d: timestamp: %w", n, err)
+		}
+		entered[m[2]] = call{comm, m[4], at}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
+		return nil, nil, fmt.Errorf("read trace: %w", err)
 	}
-	return counts, nil
+	return counts, times, nil
+}
+
+// traceTime parses a tracefs timestamp, seconds with a fraction.
+func traceTime(s string) (time.Duration, error) {
+	secs, frac, _ := strings.Cut(s, ".")
+	sec, err := strconv.ParseInt(secs, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q: %w", s, err)
+	}
+	var ns int64
+	if frac != "" {
+		if len(frac) > 9 {
+			frac = frac[:9]
+		}
+		if ns, err = strconv.ParseInt(frac+strings.Repeat("0", 9-len(frac)), 10, 64); err != nil {
+			return 0, fmt.Errorf("%q: %w", s, err)
+		}
+	}
+	return time.Duration(sec)*time.Second + time.Duration(ns), nil
 }
 
 // isErrno reports whether a syscall result, as tracefs prints it (hex, a

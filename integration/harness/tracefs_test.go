@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 const sampleTrace = `# tracer: nop
@@ -379,4 +380,90 @@ func TestThreadTraceLeavesEarlierChildren(t *testing.T) {
 	if got := c[comm(t)]; got["mount"] != 1 || got["umount"] != 1 {
 		t.Errorf("this process: %v, want 1 mount and 1 umount; all: %s", got, c)
 	}
+}
+
+// TestParseTraceTimes: each call's time runs from its enter event to its
+// exit event on the same thread; a call whose exit is missing (still
+// running, or its exit not traced) or whose exit has no enter (it began
+// before the trace) adds no time, and counts are as without exits.
+func TestParseTraceTimes(t *testing.T) {
+	trace := `# entries-in-buffer/entries-written: 9/9   #P:2
+ containerd-shim-23367   [000] .....  1147.500000: sys_open_tree(dfd: 0xffffff9c, filename: 0x1, flags: 0x80001)
+ containerd-shim-23367   [000] .....  1147.500250: sys_open_tree -> 0x5
+ containerd-shim-23367   [000] .....  1147.500300: sys_mount_setattr(dfd: 5, path: 0x1, flags: 0x1000, uattr: 0xc0, usize: 0x20)
+ containerd-shim-23367   [001] .....  1147.500310: sys_mount_setattr -> 0x0
+   runc:[2:INIT]-5000    [001] d....  1147.6: sys_mount(dev_name: 0x1, dir_name: 0x2, type: 0, flags: 0x44000, data: 0)
+   runc:[2:INIT]-5000    [001] d....  1147.602: sys_mount -> 0x0
+   runc:[2:INIT]-5000    [001] d....  1147.7: sys_mount(dev_name: 0x1, dir_name: 0x2, type: 0, flags: 0x44000, data: 0)
+      containerd-901     [001] .N...  1147.8: sys_umount -> 0x0
+ grouped-snapsho-4242    [000] .....  1147.9: sys_move_mount(from_dfd: 3, from_pathname: 0x1, to_dfd: 4, to_pathname: 0x2, flags: 0x4)
+`
+	counts, times, err := parseTraceTimes(strings.NewReader(trace), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := counts.String(), "containerd-shim{open_tree=1 mount_setattr=1} grouped-snapsho{move_mount=1} runc:[2:INIT]{mount=2}"; got != want {
+		t.Errorf("counts %s, want %s", got, want)
+	}
+	want := map[string]map[string]time.Duration{
+		"containerd-shim": {"open_tree": 250 * time.Microsecond, "mount_setattr": 10 * time.Microsecond},
+		"runc:[2:INIT]":   {"mount": 2 * time.Millisecond},
+	}
+	if len(times) != len(want) {
+		t.Errorf("times %v, want %v", times, want)
+	}
+	for comm, bySyscall := range want {
+		for sc, d := range bySyscall {
+			if got := times[comm][sc]; got != d {
+				t.Errorf("%s %s: %v, want %v", comm, sc, got, d)
+			}
+		}
+	}
+	if got := times.SnapshotSide().Total(); got != 260*time.Microsecond {
+		t.Errorf("snapshot side %v, want 260µs", got)
+	}
+	if got := times.Runc().Total(); got != 2*time.Millisecond {
+		t.Errorf("runc %v, want 2ms", got)
+	}
+	if _, err := traceTime("12x.5"); err == nil {
+		t.Error("traceTime accepted 12x.5")
+	}
+}
+
+// TestTimedMountTrace: a timed trace counts as an untimed one does and
+// times the calls, each no longer than the caller saw it take.
+func TestTimedMountTrace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestTimedMountTrace needs root (tracefs and mounts): run `sudo go test ./integration/...`")
+	}
+	dir := t.TempDir()
+	tr, err := StartTimedMountTrace(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for range 3 {
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, ""); err != nil {
+			tr.Stop()
+			t.Fatal(err)
+		}
+		if err := syscall.Unmount(dir, 0); err != nil {
+			tr.Stop()
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	c, err := tr.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := comm(t)
+	if got := c[self]; got["mount"] != 3 || got["umount"] != 3 {
+		t.Errorf("this process (%s): %v, want 3 mounts and 3 umounts", self, got)
+	}
+	times := tr.Times()
+	if d := times[self]["mount"]; d <= 0 || times[self]["umount"] <= 0 || times.Total() > took {
+		t.Errorf("times %v: want mounts and umounts timed, %v at most in all", times, took)
+	}
+	t.Logf("3 tmpfs mounts and unmounts: %v in the syscalls, %v in all", times.Total(), took)
 }
