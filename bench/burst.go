@@ -38,7 +38,12 @@ type BurstRow struct {
 	// MountSyscalls are the snapshot side's mount-family syscalls, and
 	// RuncMountSyscalls runc's.
 	MountSyscalls, RuncMountSyscalls int
-	Err                              string
+	// MountSyscallSeconds and RuncMountSyscallSeconds are the time those
+	// calls took, from each one's enter to its exit (tracefs): an upper
+	// bound on the time they held the kernel's mount lock, which no two
+	// mounts, unmounts or idmappings on the host hold at once.
+	MountSyscallSeconds, RuncMountSyscallSeconds float64 `json:",omitempty"`
+	Err                                          string
 }
 
 // runBursts is scenario 2 on one stage: for every shape, BurstReps timed
@@ -103,7 +108,7 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 		sampler *mountSampler
 	)
 	if observed {
-		if mtr, err = harness.StartMountTrace(pids(env)...); err != nil {
+		if mtr, err = harness.StartTimedMountTrace(pids(env)...); err != nil {
 			return row, err
 		}
 		if utr, err = startUsernsTrace(pids(env)); err != nil {
@@ -156,6 +161,8 @@ func burst(ctx context.Context, env *harness.Env, ref string, shape BurstShape, 
 			return row, err
 		}
 		row.MountSyscalls, row.RuncMountSyscalls = mc.SnapshotSide().Total(), mc.Runc().Total()
+		times := mtr.Times()
+		row.MountSyscallSeconds, row.RuncMountSyscallSeconds = times.SnapshotSide().Total().Seconds(), times.Runc().Total().Seconds()
 		row.UsernsForks, row.RuncUserns = usernsForks(uc)
 		// Every container that started had its rootfs mounted by its
 		// shim and its user namespace made by runc: a trace that lost

@@ -42,6 +42,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{HeadlineBegin, HeadlineEnd, ReadmeHeadline},
 		{DensityBegin, DensityEnd, func(res *Results) string { return DensityTables(res.densitySource()) }},
 		{CPUSharesBegin, CPUSharesEnd, CPUShares},
+		{MountLockBegin, MountLockEnd, MountLock},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

@@ -365,7 +365,7 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 	b.WriteString("All `ctr run -d --remap-labels --uidmap … --gidmap …` of a burst are launched at once; time is until the last returned (its task running). Then all are removed and garbage-collected before the next burst. Contenders take turns within every repetition; the last column is grouped view's time divided by the row's, ratio of medians over the interleaved pairs with a bootstrap 95% confidence interval. Counts come from the observed burst, from the launch until its containers are removed and collected (the views' unmounts included); mountinfo entries are those above the count before the burst, at the peak during it and once all run. A shape marked \"mount table only\" runs only the observed burst.\n\n")
 	for _, shape := range cfg.Bursts {
 		fmt.Fprintf(b, "### %d containers: %s\n\n", shape.Containers(), shape)
-		b.WriteString("| containerd | contender | time to all running, s | grouped view ÷ this [95% CI] | mountinfo entries (+), peak / all running | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls |\n|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| containerd | contender | time to all running, s | grouped view ÷ this [95% CI] | mountinfo entries (+), peak / all running | userns forks, snapshot side | mount syscalls, snapshot side | runc: userns, mount syscalls | time in mount syscalls per container, ms: snapshot side, runc |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, v := range versionsOf(cfg) {
 			for _, c := range contenderNames() {
 				if !hasBurst(res.Bursts, v, c, shape) {
@@ -381,9 +381,9 @@ func writeBursts(b *strings.Builder, res *Results, charts []string) {
 					vs = burstRatio(res, v, c, shape).format()
 				}
 				o, ok := observedBurst(res.Bursts, v, c, shape)
-				obs := "– | – | – | –"
+				obs := "– | – | – | – | –"
 				if ok {
-					obs = fmt.Sprintf("+%d / %s | %d | %d | %d, %d", o.PeakMountinfo, runningMountinfo(o), o.UsernsForks, o.MountSyscalls, o.RuncUserns, o.RuncMountSyscalls)
+					obs = fmt.Sprintf("+%d / %s | %d | %d | %d, %d | %s", o.PeakMountinfo, runningMountinfo(o), o.UsernsForks, o.MountSyscalls, o.RuncUserns, o.RuncMountSyscalls, mountSyscallTime(o, shape))
 					if o.Err != "" {
 						obs += " (failed: `" + o.Err + "`)"
 					}
@@ -706,4 +706,15 @@ func commitText(res *Results) string {
 		return fmt.Sprintf(" from the checkout at `%s`", c)
 	}
 	return ""
+}
+
+// mountSyscallTime renders an observed burst's time in mount-family
+// syscalls per container (start and removal), ms, snapshot side and runc;
+// "–" for runs that did not time them.
+func mountSyscallTime(o BurstRow, shape BurstShape) string {
+	if o.MountSyscallSeconds == 0 && o.RuncMountSyscallSeconds == 0 {
+		return "–"
+	}
+	n := float64(shape.Containers())
+	return fmt.Sprintf("%.2f, %.2f", o.MountSyscallSeconds*1000/n, o.RuncMountSyscallSeconds*1000/n)
 }

@@ -39,6 +39,8 @@ type Results struct {
 	// densityRun is a separate run's density scenario shown with these
 	// results (MergeDensity).
 	densityRun *Results
+	// mountLockRun holds the timed bursts of MergeMountLock.
+	mountLockRun *Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`

@@ -46,6 +46,10 @@ type StartCount struct {
 	Runc int
 	// Detail is the snapshot side by process, for the record.
 	Detail string
+	// SnapshotSideSeconds and RuncSeconds are the time those calls took,
+	// from each one's enter to its exit: with one start at a time, the
+	// time they held the kernel's mount lock, at most.
+	SnapshotSideSeconds, RuncSeconds float64 `json:",omitempty"`
 	// Err is set when the container did not start.
 	Err string
 	// Counts are the trace's counts by process, for the tests' checks.
@@ -72,7 +76,7 @@ func startMinimums(release string, started bool) harness.Minimums {
 // and everything they fork meanwhile, up to the exit of the container's
 // shim. userns runs the container with mapping m.
 func TraceStart(ctx context.Context, env *harness.Env, ref string, userns bool, m Mapping) (StartCount, error) {
-	tr, err := harness.StartMountTrace(pids(env)...)
+	tr, err := harness.StartTimedMountTrace(pids(env)...)
 	if err != nil {
 		return StartCount{}, err
 	}
@@ -98,7 +102,9 @@ func TraceStart(ctx context.Context, env *harness.Env, ref string, userns bool, 
 	if err := counts.AtLeast(startMinimums(env.ContainerdVersion, runErr == nil)); err != nil {
 		return StartCount{}, err
 	}
-	c := StartCount{SnapshotSide: counts.SnapshotSide().Total(), Runc: counts.Runc().Total(), Detail: counts.SnapshotSide().String(), Counts: counts}
+	times := tr.Times()
+	c := StartCount{SnapshotSide: counts.SnapshotSide().Total(), Runc: counts.Runc().Total(), Detail: counts.SnapshotSide().String(), Counts: counts,
+		SnapshotSideSeconds: times.SnapshotSide().Total().Seconds(), RuncSeconds: times.Runc().Total().Seconds()}
 	if runErr != nil {
 		c.Err = shortError(runErr)
 	}

@@ -38,6 +38,7 @@ func run() error {
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
 	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run besides grouped, e.g. overlayfs (default all)")
+	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
 	abBinary := flag.String("ab-binary", "", "A/B as -a, with build A given as a grouped-snapshotter binary")
@@ -92,6 +93,17 @@ func run() error {
 					return fmt.Errorf("decode %s: %w", *densityResults, err)
 				}
 				res.MergeDensity(d)
+			} else if !os.IsNotExist(err) {
+				return err
+			}
+		}
+		if *mountLockResults != "" {
+			if data, err := os.ReadFile(*mountLockResults); err == nil {
+				m := &bench.Results{}
+				if err := json.Unmarshal(data, m); err != nil {
+					return fmt.Errorf("decode %s: %w", *mountLockResults, err)
+				}
+				res.MergeMountLock(m)
 			} else if !os.IsNotExist(err) {
 				return err
 			}
