@@ -171,6 +171,10 @@ type Config struct {
 	// a node's /var/lib usually is). Empty (results of earlier runs)
 	// means FSMachine.
 	UnpackFilesystems []string `json:",omitempty"`
+	// LockLayers and LockStarts are scenario 8's (the mount-lock stress)
+	// layer count and numbers of starts at once.
+	LockLayers int   `json:",omitempty"`
+	LockStarts []int `json:",omitempty"`
 	// ImportLayers are the image sizes of scenario 6 (import from
 	// overlayfs against pulling again).
 	ImportLayers []int
@@ -290,6 +294,8 @@ func Full() Config {
 		UnpackFilesystems: []string{FSMachine, FSExt4Journal},
 		ImportLayers:      []int{50, 400},
 		ImportImageBytes:  128 << 20,
+		LockLayers:        50,
+		LockStarts:        []int{10, 50},
 		PullReps:          15,
 		PullBudget:        5 * time.Minute,
 		APIOps:            200,
@@ -318,6 +324,8 @@ func Quick() Config {
 		UnpackFilesystems: []string{FSMachine, FSExt4Journal},
 		ImportLayers:      []int{50},
 		ImportImageBytes:  128 << 20,
+		LockLayers:        50,
+		LockStarts:        []int{10},
 		PullReps:          5,
 		PullBudget:        2 * time.Minute,
 		APIOps:            50,
@@ -331,7 +339,7 @@ func Quick() Config {
 }
 
 // ScenarioNames are the names Config.Scenarios accepts.
-var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import", "density"}
+var ScenarioNames = []string{"starts", "bursts", "pulls", "unpack", "api", "memory", "import", "density", "lockstress"}
 
 // The filesystems scenario 3b can run on (Config.UnpackFilesystems).
 const (
@@ -375,6 +383,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench config %s: %d pull repetitions, need at least 3", c.Name, c.PullReps)
 	case c.runs("bursts") && c.BurstReps < 3:
 		return fmt.Errorf("bench config %s: %d burst repetitions, need at least 3", c.Name, c.BurstReps)
+	case c.runs("lockstress") && (c.LockLayers < 1 || len(c.LockStarts) == 0):
+		return fmt.Errorf("bench config %s: the mount-lock stress needs a layer count and numbers of starts", c.Name)
 	case c.runs("import") && (len(c.ImportLayers) == 0 || c.ImportImageBytes <= 0):
 		return fmt.Errorf("bench config %s: the import scenario needs image sizes", c.Name)
 	case c.Reps < 3:

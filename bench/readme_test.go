@@ -182,10 +182,12 @@ func TestBenchREADMECurrent(t *testing.T) {
 			res.MergeDensity(density)
 		}
 		if doc == benchmarks {
-			if _, err := os.Stat(filepath.Join("results", MountLockFile)); err == nil {
-				res.MergeMountLock(read(MountLockFile))
-			} else if !errors.Is(err, os.ErrNotExist) {
-				t.Fatal(err)
+			for file, merge := range map[string]func(*Results){MountLockFile: res.MergeMountLock, LockStressFile: res.MergeLockStress} {
+				if _, err := os.Stat(filepath.Join("results", file)); err == nil {
+					merge(read(file))
+				} else if !errors.Is(err, os.ErrNotExist) {
+					t.Fatal(err)
+				}
 			}
 		}
 		old, err := os.ReadFile(doc)

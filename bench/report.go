@@ -50,6 +50,7 @@ func Markdown(res *Results, charts []string, notes string) string {
 	writeAPI(&b, res)
 	writeMemory(&b, res)
 	writeImports(&b, res)
+	writeLockStress(&b, res)
 	writeDensity(&b, res, charts)
 	writeTargets(&b, res)
 	if notes = strings.TrimSpace(notes); notes != "" {

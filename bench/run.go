@@ -33,6 +33,8 @@ type Results struct {
 	API            []APIRow
 	Memory         []MemoryRow
 	Imports        []ImportRow `json:",omitempty"`
+	// LockStress are scenario 8's runs.
+	LockStress []LockRow `json:",omitempty"`
 	// Density are scenario 7's runs, DensityImage its real-content image.
 	Density      []DensityRow `json:",omitempty"`
 	DensityImage *RealImage   `json:",omitempty"`
@@ -41,6 +43,8 @@ type Results struct {
 	densityRun *Results
 	// mountLockRun holds the timed bursts of MergeMountLock.
 	mountLockRun *Results
+	// lockStressRun holds the stress of MergeLockStress.
+	lockStressRun *Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`
@@ -164,6 +168,15 @@ func Resume(ctx context.Context, cfg Config, prev *Results) (res *Results, err e
 	}
 	if res.Config.runs("density") && len(res.Config.Density) > 0 {
 		if err := runDensity(ctx, cfg, regEnv.Registry, res); err != nil {
+			return res, err
+		}
+	}
+	if res.pending("lockstress", "lockstress") {
+		res.LockStress, err = runLockStress(ctx, cfg)
+		if err != nil {
+			return res, fmt.Errorf("mount-lock stress: %w", err)
+		}
+		if err := res.finish(ctx, "lockstress"); err != nil {
 			return res, err
 		}
 	}

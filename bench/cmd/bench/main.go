@@ -38,6 +38,7 @@ func run() error {
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
 	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run besides grouped, e.g. overlayfs (default all)")
+	lockStressResults := flag.String("lockstress-results", "", "with -render: also show the mount-lock stress of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.LockStressFile+")")
 	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
@@ -104,6 +105,17 @@ func run() error {
 					return fmt.Errorf("decode %s: %w", *mountLockResults, err)
 				}
 				res.MergeMountLock(m)
+			} else if !os.IsNotExist(err) {
+				return err
+			}
+		}
+		if *lockStressResults != "" {
+			if data, err := os.ReadFile(*lockStressResults); err == nil {
+				l := &bench.Results{}
+				if err := json.Unmarshal(data, l); err != nil {
+					return fmt.Errorf("decode %s: %w", *lockStressResults, err)
+				}
+				res.MergeLockStress(l)
 			} else if !os.IsNotExist(err) {
 				return err
 			}
