@@ -42,12 +42,12 @@ var LockShapes = []string{LockPerLayer, LockCommonParent, LockMappedParent}
 
 // LockRow is one stress run: N starts of Shape at once over Layers layers.
 type LockRow struct {
-	Shape       string
-	N, Layers   int
-	Rep         int
-	Seconds     float64
-	MountCalls  int
-	Err         string `json:",omitempty"`
+	Shape      string
+	N, Layers  int
+	Rep        int
+	Seconds    float64
+	MountCalls int
+	Err        string `json:",omitempty"`
 }
 
 // lockStart is one start's prepared state: its directories and user

@@ -20,6 +20,9 @@ const (
 	MountLockEnd   = "<!-- END bench-mount-lock -->"
 )
 
+// mountLockCommand makes MountLockFile.
+const mountLockCommand = `go run ./cmd/bench -full -scenarios starts,bursts,pulls -start-layers 1,50,400 -reps 5 -bursts 10x1x1,10x1x50,10x1x400 -burst-reps 3 -pull-layers 50,400 -pull-reps 3 -contenders "grouped shim,overlayfs" -name mountlock`
+
 // MountLockFile is the results file of the mount-lock bursts, under
 // bench/results.
 const MountLockFile = "mountlock.json"
@@ -61,11 +64,11 @@ func startTotal(r StartRow) float64 { return r.SnapshotSideSeconds + r.RuncSecon
 func MountLock(res *Results) string {
 	m := res.mountLockRun
 	if m == nil || (len(m.Starts) == 0 && len(m.Bursts) == 0) {
-		return "\nNo timed starts yet: `go run ./cmd/bench -full -scenarios starts,bursts -start-layers 1,50,400 -bursts 10x1x1,10x1x50,10x1x400 -name mountlock` makes them.\n\n"
+		return "\nNo timed starts yet: `" + mountLockCommand + "` makes them.\n\n"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nRun `%s` of %s (%s, %d cores, kernel %s), timed with tracefs from each mount-family syscall's enter to its exit (`%s`). Syscall time is an upper bound on the time the calls held the mount lock: a call also waits for the lock and works outside it.\n\n",
-		m.Config.Name, m.Started.UTC().Format("2006-01-02"), m.Machine.CPU, m.Machine.Cores, m.Machine.Kernel, strings.Join(harness.MountSyscalls, " "))
+	fmt.Fprintf(&b, "\nRun `%s` of %s (%s, %d cores, kernel %s; `%s`), timed with tracefs from each mount-family syscall's enter to its exit (`%s`). Syscall time is an upper bound on the time the calls held the mount lock: a call also waits for the lock and works outside it.\n\n",
+		m.Config.Name, m.Started.UTC().Format("2006-01-02"), m.Machine.CPU, m.Machine.Cores, m.Machine.Kernel, mountLockCommand, strings.Join(harness.MountSyscalls, " "))
 	if len(m.Starts) > 0 {
 		fmt.Fprintf(&b, "One start at a time (scenario 1: `ctr run --rm`, start to the shim's exit, %d repetitions, median; a user-namespaced start reuses a mapping already in use, as a pod's second container does): ms in mount-family syscalls per start.\n\n", m.Config.Reps)
 		b.WriteString("| containerd | layers | contender | plain: snapshot side, runc | plain, all | user-namespaced: snapshot side, runc | user-namespaced, all |\n|---|---|---|---|---|---|---|\n")
@@ -101,6 +104,22 @@ func MountLock(res *Results) string {
 					n := float64(shape.Containers())
 					fmt.Fprintf(&b, "| %s | %d | %s | %.0f, %.0f | %s | %.2f |\n", v, shape.Layers, c,
 						float64(o.MountSyscalls)/n, float64(o.RuncMountSyscalls)/n, mountSyscallTime(o, shape), lockMs(o, shape))
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	if len(m.PullTraces) > 0 {
+		b.WriteString("Pulls (scenario 3: one traced `ctr images pull` per contender and image after the timed ones; containerd's, the daemon's and their children's calls): mount-family calls and ms inside them per pulled layer.\n\n")
+		b.WriteString("| containerd | layers | contender | calls per layer | ms per layer |\n|---|---|---|---|---|\n")
+		for _, v := range m.Config.Versions {
+			for _, n := range m.Config.PullLayers {
+				for _, c := range contenderNames() {
+					for _, p := range m.PullTraces {
+						if p.Version == v && p.Layers == n && p.Contender == c && p.Err == "" {
+							fmt.Fprintf(&b, "| %s | %d | %s | %.1f | %.3f |\n", v, n, c, float64(p.MountSyscalls)/float64(n), p.MountSyscallSeconds*1000/float64(n))
+						}
+					}
 				}
 			}
 		}

@@ -37,6 +37,8 @@ func TestMountLock(t *testing.T) {
 			}
 		}
 	}
+	m.Config.PullLayers = []int{50}
+	m.PullTraces = []PullTrace{{Version: harness.ContainerdV2_4, Contender: Grouped, Layers: 50, MountSyscalls: 100, MountSyscallSeconds: 0.025}}
 	res.MergeMountLock(m)
 	d := densityResults()
 	res.MergeDensity(d)
@@ -48,6 +50,9 @@ func TestMountLock(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("block lacks %q", want)
 		}
+	}
+	if !strings.Contains(out, "| v2.4.2 | 50 | grouped view | 2.0 | 0.500 |") {
+		t.Errorf("pull rows:\n%s", out)
 	}
 	// Starts: the median of the repetitions (the second: twice secs).
 	if !strings.Contains(out, "| v2.4.2 | 50 | grouped shim | 8.00, 2.00 | 10.00 | 8.00, 2.00 | 10.00 |") {

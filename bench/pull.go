@@ -117,11 +117,59 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				}
 			}
 		}
+		// One traced pull per contender, after the timed ones: the
+		// mount-family calls of an unpack and the time inside them.
+		for i, env := range st.envs {
+			if failures[i] >= pullGiveUp {
+				continue
+			}
+			tr, err := tracePull(ctx, env, ref)
+			if err != nil {
+				return fmt.Errorf("traced pull of %d layers, %s: %w", n, st.contenders[i].Name, err)
+			}
+			tr.Version, tr.Contender, tr.Layers = st.version, st.contenders[i].Name, n
+			res.PullTraces = append(res.PullTraces, tr)
+			st.logf("traced pull %s %d layers %s: %d mount calls, %.1f ms in them %s", st.version, n, tr.Contender, tr.MountSyscalls, tr.MountSyscallSeconds*1000, tr.Err)
+			if err := env.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
+				return fmt.Errorf("remove %s from %s: %w", ref, st.contenders[i].Name, err)
+			}
+			if err := waitSettled(ctx, env, base[i], st.logf); err != nil {
+				return err
+			}
+		}
 		if err := res.finish(ctx, unit); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// PullTrace is one traced pull: the mount-family syscalls that containerd,
+// the snapshotter daemon and what they forked made during it, and the time
+// inside them (enter to exit, tracefs).
+type PullTrace struct {
+	Version, Contender  string
+	Layers              int
+	MountSyscalls       int
+	MountSyscallSeconds float64
+	Err                 string `json:",omitempty"`
+}
+
+func tracePull(ctx context.Context, env *harness.Env, ref string) (PullTrace, error) {
+	tr, err := harness.StartTimedMountTrace(pids(env)...)
+	if err != nil {
+		return PullTrace{}, err
+	}
+	perr := env.Pull(ctx, ref)
+	counts, err := tr.Stop()
+	if err != nil {
+		return PullTrace{}, err
+	}
+	t := PullTrace{MountSyscalls: counts.Total(), MountSyscallSeconds: tr.Times().Total().Seconds()}
+	if perr != nil {
+		t.Err = shortError(perr)
+	}
+	return t, nil
 }
 
 // pullCPU returns the CPU seconds the snapshotter daemon (0 without one)

@@ -27,7 +27,10 @@ type Results struct {
 	Starts   []StartRow
 	Bursts   []BurstRow
 	Pulls    []PullRow
-	Unpacks  []UnpackRow `json:",omitempty"`
+	// PullTraces are scenario 3's traced pulls, one per contender and
+	// image after the timed ones.
+	PullTraces []PullTrace `json:",omitempty"`
+	Unpacks    []UnpackRow `json:",omitempty"`
 	// UnpackSyscalls are scenario 3b's traced chains.
 	UnpackSyscalls []UnpackSyscalls `json:",omitempty"`
 	API            []APIRow
