@@ -110,14 +110,14 @@ func MountLock(res *Results) string {
 		b.WriteString("\n")
 	}
 	if len(m.PullTraces) > 0 {
-		b.WriteString("Pulls (scenario 3: one traced `ctr images pull` per contender and image after the timed ones; containerd's, the daemon's and their children's calls): mount-family calls and ms inside them per pulled layer.\n\n")
-		b.WriteString("| containerd | layers | contender | calls per layer | ms per layer |\n|---|---|---|---|---|\n")
+		b.WriteString("Pulls (scenario 3: one traced `ctr images pull` per contender and image after the timed ones; containerd's, the daemon's and their children's calls): mount-family calls per pull and ms inside them.\n\n")
+		b.WriteString("| containerd | layers | contender | calls per pull | ms per pull |\n|---|---|---|---|---|\n")
 		for _, v := range m.Config.Versions {
 			for _, n := range m.Config.PullLayers {
 				for _, c := range contenderNames() {
 					for _, p := range m.PullTraces {
 						if p.Version == v && p.Layers == n && p.Contender == c && p.Err == "" {
-							fmt.Fprintf(&b, "| %s | %d | %s | %.1f | %.3f |\n", v, n, c, float64(p.MountSyscalls)/float64(n), p.MountSyscallSeconds*1000/float64(n))
+							fmt.Fprintf(&b, "| %s | %d | %s | %d | %.2f |\n", v, n, c, p.MountSyscalls, p.MountSyscallSeconds*1000)
 						}
 					}
 				}

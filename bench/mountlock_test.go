@@ -51,7 +51,7 @@ func TestMountLock(t *testing.T) {
 			t.Errorf("block lacks %q", want)
 		}
 	}
-	if !strings.Contains(out, "| v2.4.2 | 50 | grouped view | 2.0 | 0.500 |") {
+	if !strings.Contains(out, "| v2.4.2 | 50 | grouped view | 100 | 25.00 |") {
 		t.Errorf("pull rows:\n%s", out)
 	}
 	// Starts: the median of the repetitions (the second: twice secs).
