@@ -155,10 +155,10 @@ func mountLockModel(b *strings.Builder, m, d *Results) {
 	if !slices.Contains(m.Config.StartLayers, w.Layers) {
 		return
 	}
-	// The density contenders as their bursts: grouped as installed runs
-	// idmap = "auto", that is mapped ("grouped view") before containerd 2.3
-	// and the shim's ("grouped shim") from 2.3 on.
-	burstOf := func(v, c string) string {
+	// The density contenders as the starts' contenders: grouped as
+	// installed runs idmap = "auto", that is mapped ("grouped view") before
+	// containerd 2.3 and the shim's ("grouped shim") from 2.3 on.
+	startsOf := func(v, c string) string {
 		if c != DensityGrouped {
 			return c
 		}
@@ -179,8 +179,8 @@ func mountLockModel(b *strings.Builder, m, d *Results) {
 	b.WriteString(strings.Repeat("---|", len(modelPods)*len(modelCores)+1) + "\n")
 	for _, v := range d.Config.Versions {
 		type row struct{ label, density, start string }
-		rows := []row{{OverlayfsName, OverlayfsName, OverlayfsName}, {fmt.Sprintf("grouped (auto: as %s)", burstOf(v, DensityGrouped)), DensityGrouped, burstOf(v, DensityGrouped)}}
-		if burstOf(v, DensityGrouped) != Grouped {
+		rows := []row{{OverlayfsName, OverlayfsName, OverlayfsName}, {fmt.Sprintf("grouped (auto: as %s)", startsOf(v, DensityGrouped)), DensityGrouped, startsOf(v, DensityGrouped)}}
+		if startsOf(v, DensityGrouped) != Grouped {
 			// Not the default there: what idmap = "mapped" would give, with
 			// the CPU per pod of the default.
 			rows = append(rows, row{`grouped with idmap = "mapped" (CPU: auto's)`, DensityGrouped, Grouped})

@@ -32,17 +32,25 @@ type Result struct {
 // configured and its daemon answering: containerd lists a snapshotter's
 // records through it.
 func Snapshots(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
+	return eachNamespace(ctx, c, "forget "+snapshotter+"'s snapshots", func(ctx context.Context, _ string) (Result, error) {
+		return forgetIn(ctx, c, snapshotter)
+	})
+}
+
+// eachNamespace runs fn in every containerd namespace, sorted, and returns
+// the results that did something; what names the work in errors.
+func eachNamespace(ctx context.Context, c *client.Client, what string, fn func(context.Context, string) (Result, error)) ([]Result, error) {
 	nss, err := c.NamespaceService().List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("forget %s's snapshots: list containerd namespaces: %w", snapshotter, err)
+		return nil, fmt.Errorf("%s: list containerd namespaces: %w", what, err)
 	}
 	sort.Strings(nss)
 	var out []Result
 	for _, ns := range nss {
-		r, err := forgetIn(namespaces.WithNamespace(ctx, ns), c, snapshotter)
+		r, err := fn(namespaces.WithNamespace(ctx, ns), ns)
 		r.Namespace = ns
 		if err != nil {
-			return out, fmt.Errorf("forget %s's snapshots in containerd namespace %q: %w", snapshotter, ns, err)
+			return out, fmt.Errorf("%s in containerd namespace %q: %w", what, ns, err)
 		}
 		if r.Removed > 0 || len(r.Kept) > 0 {
 			out = append(out, r)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/opencontainers/image-spec/identity"
@@ -25,23 +24,9 @@ import (
 // skips what the snapshotter lacks), so the keys come from what names
 // them: containers' snapshot keys and the chain IDs of images' layers.
 func Stale(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
-	nss, err := c.NamespaceService().List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("forget %s's stale records: list containerd namespaces: %w", snapshotter, err)
-	}
-	sort.Strings(nss)
-	var out []Result
-	for _, ns := range nss {
-		r, err := staleIn(namespaces.WithNamespace(ctx, ns), c, snapshotter, ns)
-		r.Namespace = ns
-		if err != nil {
-			return out, fmt.Errorf("forget %s's stale records in containerd namespace %q: %w", snapshotter, ns, err)
-		}
-		if r.Removed > 0 || len(r.Kept) > 0 {
-			out = append(out, r)
-		}
-	}
-	return out, nil
+	return eachNamespace(ctx, c, "forget "+snapshotter+"'s stale records", func(ctx context.Context, ns string) (Result, error) {
+		return staleIn(ctx, c, snapshotter, ns)
+	})
 }
 
 func staleIn(ctx context.Context, c *client.Client, snapshotter, ns string) (Result, error) {

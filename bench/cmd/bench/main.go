@@ -87,38 +87,26 @@ func run() error {
 		if err := json.Unmarshal(data, res); err != nil {
 			return fmt.Errorf("decode %s: %w", *render, err)
 		}
-		if *densityResults != "" {
-			if data, err := os.ReadFile(*densityResults); err == nil {
-				d := &bench.Results{}
-				if err := json.Unmarshal(data, d); err != nil {
-					return fmt.Errorf("decode %s: %w", *densityResults, err)
-				}
-				res.MergeDensity(d)
-			} else if !os.IsNotExist(err) {
+		// Other runs' results shown beside these: a file that does not
+		// exist (no such run yet) is skipped.
+		for _, m := range []struct {
+			path  string
+			merge func(*bench.Results)
+		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}} {
+			if m.path == "" {
+				continue
+			}
+			data, err := os.ReadFile(m.path)
+			if os.IsNotExist(err) {
+				continue
+			} else if err != nil {
 				return err
 			}
-		}
-		if *mountLockResults != "" {
-			if data, err := os.ReadFile(*mountLockResults); err == nil {
-				m := &bench.Results{}
-				if err := json.Unmarshal(data, m); err != nil {
-					return fmt.Errorf("decode %s: %w", *mountLockResults, err)
-				}
-				res.MergeMountLock(m)
-			} else if !os.IsNotExist(err) {
-				return err
+			other := &bench.Results{}
+			if err := json.Unmarshal(data, other); err != nil {
+				return fmt.Errorf("decode %s: %w", m.path, err)
 			}
-		}
-		if *lockStressResults != "" {
-			if data, err := os.ReadFile(*lockStressResults); err == nil {
-				l := &bench.Results{}
-				if err := json.Unmarshal(data, l); err != nil {
-					return fmt.Errorf("decode %s: %w", *lockStressResults, err)
-				}
-				res.MergeLockStress(l)
-			} else if !os.IsNotExist(err) {
-				return err
-			}
+			m.merge(other)
 		}
 		if *readme != "" {
 			old, err := os.ReadFile(*readme)
