@@ -45,16 +45,7 @@ func TestForgetBeforePurge(t *testing.T) {
 	}
 	defer env.RemoveContainer(context.WithoutCancel(ctx), id)
 
-	forget := func() string {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, env.Snapshotter.Bin, "forget", "--containerd-address", env.Containerd.Address)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("grouped-snapshotter forget: %v\n%s", err, out.String())
-		}
-		return out.String()
-	}
+	forget := func(args ...string) string { return runForget(t, env, args...) }
 	// The container's chain (its active snapshot and every layer) stays.
 	out := forget()
 	wantLine(t, out, fmt.Sprintf("namespace %s: 0 snapshots forgotten, %d kept for containers that still use them", env.Namespace, layers+1))
@@ -107,16 +98,7 @@ func TestForgetStale(t *testing.T) {
 	if err := ctrPull(harness.SnapshotterGrouped)(ctx, env, ref); err != nil {
 		t.Fatal(err)
 	}
-	forget := func(args ...string) string {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, env.Snapshotter.Bin, append([]string{"forget", "--containerd-address", env.Containerd.Address}, args...)...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("grouped-snapshotter forget %v: %v\n%s", args, err, out.String())
-		}
-		return out.String()
-	}
+	forget := func(args ...string) string { return runForget(t, env, args...) }
 	// Nothing is stale while grouped has every snapshot containerd records.
 	if out := forget("--stale"); strings.TrimSpace(out) != "" {
 		t.Fatalf("forget --stale with nothing stale:\n%s", out)
@@ -231,4 +213,18 @@ func snapshotRecords(t *testing.T, env *harness.Env) []string {
 		t.Fatal(err)
 	}
 	return strings.Split(strings.TrimSpace(out), "\n")[1:] // the header
+}
+
+// runForget runs `grouped-snapshotter forget` with args against env's
+// containerd and returns its output; it fails the test if the command
+// fails.
+func runForget(t *testing.T, env *harness.Env, args ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), env.Snapshotter.Bin, append([]string{"forget", "--containerd-address", env.Containerd.Address}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("grouped-snapshotter forget %v: %v\n%s", args, err, out.String())
+	}
+	return out.String()
 }
