@@ -212,7 +212,8 @@ type Config struct {
 	// Kubernetes node.
 	Density []DensityWorkload `json:",omitempty"`
 	// DensityContenders selects scenario 7's contenders by name (see
-	// DensityContenders); grouped always runs. Empty runs all.
+	// DensityContenders): exactly those run. Empty runs all but the
+	// opt-in controls.
 	DensityContenders []string `json:",omitempty"`
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.

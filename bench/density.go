@@ -1,12 +1,14 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -124,6 +126,12 @@ type DensityContender struct {
 	Name string
 	// Snapshotter is CRI's snapshotter in containerd's config.
 	Snapshotter string
+	// Handler, if set, is a CRI runtime handler whose snapshotter is the
+	// installed grouped-snapshotter, rendered by its runtime-handler
+	// command as install.sh --runtime-handler does, and the RuntimeClass
+	// of the same name that the user-namespaced pods name: the install
+	// mode where only those pods run on grouped.
+	Handler string `json:",omitempty"`
 	// Only, if set, is the one containerd release the contender runs on.
 	Only string `json:",omitempty"`
 	// UsernsOnly contenders do not run plain pods (they would run them
@@ -147,6 +155,14 @@ const (
 	// 2.3, where the shipped "auto" mode returns the shim shape, what
 	// mapped parents would cost or save.
 	DensityGroupedView = `grouped (idmap = "view" forced)`
+	// DensityGroupedHandler is the runtime-handler install mode: CRI's
+	// snapshotter stays overlayfs, and the user-namespaced pods name
+	// RuntimeClass grouped, whose handler runs them on the installed
+	// grouped-snapshotter. Its plain pods are overlayfs's, with the
+	// handler declared and the daemon running.
+	DensityGroupedHandler = "grouped (runtime handler)"
+	// densityHandler is its CRI runtime handler and RuntimeClass.
+	densityHandler = "grouped"
 	// groupedViewSnapshotter is its proxy plugin's name.
 	groupedViewSnapshotter = "grouped-view"
 	// overlayProxySnapshotter is the proxy plugin name of OverlayProxyName:
@@ -160,6 +176,7 @@ var DensityContenders = []DensityContender{
 	{Name: DensityGrouped, Snapshotter: harness.SnapshotterGrouped},
 	{Name: OverlayfsName, Snapshotter: harness.SnapshotterOverlayfs},
 	{Name: DensityGroupedView, Snapshotter: groupedViewSnapshotter, Only: harness.ContainerdV2_4, UsernsOnly: true},
+	{Name: DensityGroupedHandler, Snapshotter: harness.SnapshotterOverlayfs, Handler: densityHandler},
 	// A check: on this machine one run of it took twice grouped's and
 	// overlayfs's, and its snapshots over 3 minutes to go.
 	{Name: ErofsName, Snapshotter: harness.SnapshotterErofs, Only: harness.ContainerdV2_4, Reps: 1},
@@ -187,6 +204,15 @@ func Density() Config {
 	}
 }
 
+// runtimeClass is the RuntimeClass of c's pods of w: the handler's for
+// the user-namespaced ones, none for plain pods.
+func (c DensityContender) runtimeClass(w DensityWorkload) string {
+	if w.Userns {
+		return c.Handler
+	}
+	return ""
+}
+
 // densityContenders are the contenders of scenario 7 on version.
 func densityContenders(cfg Config, version string) []DensityContender {
 	var cs []DensityContender
@@ -195,7 +221,7 @@ func densityContenders(cfg Config, version string) []DensityContender {
 			continue
 		}
 		named := slices.Contains(cfg.DensityContenders, c.Name)
-		if c.OptIn && !named || len(cfg.DensityContenders) > 0 && c.Name != DensityGrouped && !named {
+		if c.OptIn && !named || len(cfg.DensityContenders) > 0 && !named {
 			continue
 		}
 		cs = append(cs, c)
@@ -307,6 +333,9 @@ type densityStage struct {
 	images  map[string]string
 	// noImage[contender][image] is why the contender could not pull it.
 	noImage map[string]map[string]string
+	// handler is the rendered drop-in of the runtime handler that Handler
+	// contenders declare.
+	handler []byte
 	current string
 	logf    func(string, ...any)
 }
@@ -389,6 +418,11 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 	if err := st.startProxies(ctx); err != nil {
 		return st, err
 	}
+	if slices.ContainsFunc(st.contenders, func(c DensityContender) bool { return c.Handler != "" }) {
+		if st.handler, err = st.renderHandler(ctx); err != nil {
+			return st, err
+		}
+	}
 	// Every image in every contender, before the cluster starts.
 	refs := []string{st.env.CRI.PauseRef}
 	for _, ref := range images {
@@ -421,10 +455,22 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 				st.logf("density %s: %s cannot pull %s: %v", version, c.Name, ref, err)
 			}
 		}
+		if c.Handler != "" && perr == nil {
+			// Pulled into CRI's overlayfs; made unpacked in grouped too,
+			// as install.sh --runtime-handler leaves it to the operator.
+			if err := st.importImages(ctx, refs); err != nil {
+				return st, fmt.Errorf("%s: %w", c.Name, err)
+			}
+		}
 		st.logf("density %s: images pulled into %s in %s", version, c.Name, time.Since(t1).Round(time.Millisecond))
 	}
 	if st.cluster, err = kube.Start(ctx, st.env, kube.Options{Logf: cfg.Logf}); err != nil {
 		return st, err
+	}
+	if st.handler != nil {
+		if err := st.cluster.CreateRuntimeClass(ctx, densityHandler, densityHandler); err != nil {
+			return st, err
+		}
 	}
 	st.logf("density %s: node ready in %s (grouped-snapshotter idmap %q; contenders %s)", version, time.Since(t0).Round(time.Second), st.node.IDMap(), densityNames(st.contenders))
 	return st, nil
@@ -528,6 +574,40 @@ func joinCgroups(pid, daemon int) error {
 // cgroupName is the cgroup install.sh starts the daemon in without systemd.
 const cgroupName = "grouped-snapshotter"
 
+// renderHandler renders the drop-in of the Handler contenders' runtime
+// handler from containerd's configuration, as install.sh --runtime-handler
+// does: grouped-snapshotter runtime-handler reading containerd config dump.
+func (st *densityStage) renderHandler(ctx context.Context) ([]byte, error) {
+	dump, err := exec.CommandContext(ctx, st.env.Containerd.Bin(), "--config", st.env.Containerd.ConfigPath, "config", "dump").Output()
+	if err != nil {
+		return nil, fmt.Errorf("containerd config dump: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, st.node.Bin(), "runtime-handler", "--name", densityHandler)
+	cmd.Stdin = bytes.NewReader(dump)
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("grouped-snapshotter runtime-handler: %w", err)
+	}
+	return out, nil
+}
+
+// importImages makes refs, unpacked in CRI's overlayfs, unpacked in
+// grouped too with grouped-snapshotter import (hard links, no pull): what
+// the runtime-handler mode's README section tells an operator to run, so
+// that no timed run pays for CRI's unpack at a pod's creation.
+func (st *densityStage) importImages(ctx context.Context, refs []string) error {
+	args := []string{"import", "--containerd-address", st.env.Containerd.Address, "--namespace", harness.CRINamespace, "--lock-dir", st.env.Dir}
+	for _, ref := range refs {
+		args = append(args, "--image", ref)
+	}
+	t0 := time.Now()
+	if out, err := exec.CommandContext(ctx, st.node.Bin(), args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("grouped-snapshotter import: %w\n%s", err, out)
+	}
+	st.logf("density %s: %d images imported into grouped in %s", st.version, len(refs), time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
 // viewConfig writes the installed config with idmap = "view" into dir.
 func (st *densityStage) viewConfig(dir string) (string, error) {
 	cfg, err := os.ReadFile(st.node.ConfigFile)
@@ -578,6 +658,12 @@ func (st *densityStage) dropInPath() string {
 	return filepath.Join(st.env.Containerd.ConfDir, "zz-density.toml")
 }
 
+// handlerPath is where the drop-in of the runtime handler is while a
+// Handler contender runs.
+func (st *densityStage) handlerPath() string {
+	return filepath.Join(st.env.Containerd.ConfDir, "zz-density-handler.toml")
+}
+
 // use makes c CRI's snapshotter: the drop-in, then containerd restarted
 // (its shims and the kubelet keep running), then, with a cluster, the
 // node Ready again. It restarts containerd even when c already is the
@@ -587,6 +673,13 @@ func (st *densityStage) use(ctx context.Context, c DensityContender) error {
 		return nil
 	}
 	if err := os.WriteFile(st.dropInPath(), []byte(st.dropIn(c)), 0o644); err != nil {
+		return err
+	}
+	if c.Handler != "" {
+		if err := os.WriteFile(st.handlerPath(), st.handler, 0o644); err != nil {
+			return err
+		}
+	} else if err := os.Remove(st.handlerPath()); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	if err := st.env.RestartContainerd(ctx); err != nil {
@@ -603,9 +696,10 @@ func (st *densityStage) use(ctx context.Context, c DensityContender) error {
 	return nil
 }
 
-// daemonPID is the pid of c's snapshotter daemon, 0 for a built-in one.
+// daemonPID is the pid of c's snapshotter daemon, 0 for a built-in one;
+// a Handler contender's is the installed grouped-snapshotter.
 func (st *densityStage) daemonPID(c DensityContender) int {
-	if c.Snapshotter == harness.SnapshotterGrouped {
+	if c.Snapshotter == harness.SnapshotterGrouped || c.Handler != "" {
 		return st.node.PID()
 	}
 	for _, p := range st.proxies {
@@ -648,8 +742,10 @@ func (st *densityStage) close(ctx context.Context) error {
 	}
 	if st.env != nil {
 		// Back to what install.sh left before it uninstalls.
-		if err := os.Remove(st.dropInPath()); err != nil && !os.IsNotExist(err) {
-			errs = append(errs, err)
+		for _, f := range []string{st.dropInPath(), st.handlerPath()} {
+			if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	for _, p := range st.proxies {
@@ -706,7 +802,7 @@ func runDensityStage(ctx context.Context, cfg Config, st *densityStage, res *Res
 			for _, ci := range rotation(rep, len(cs)) {
 				c := cs[ci]
 				row := DensityRow{Version: st.version, Contender: c.Name, Workload: w, Rep: rep, Observed: observed}
-				if c.Snapshotter == harness.SnapshotterGrouped {
+				if c.Snapshotter == harness.SnapshotterGrouped || c.Handler != "" && w.Userns {
 					row.IDMap = st.node.IDMap()
 				} else if c.Snapshotter == groupedViewSnapshotter {
 					row.IDMap = "view"
@@ -813,11 +909,13 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	}
 	var running error
 	run, err := st.cluster.Density(ctx, kube.DensitySpec{
-		Name:    name,
-		Pods:    w.Pods,
-		Image:   st.images[w.imageKey()],
-		Userns:  w.Userns,
-		Timeout: 20 * time.Minute,
+		Name:   name,
+		Pods:   w.Pods,
+		Image:  st.images[w.imageKey()],
+		Userns: w.Userns,
+		// Only the pods that gain name the handler's RuntimeClass.
+		RuntimeClass: c.runtimeClass(w),
+		Timeout:      20 * time.Minute,
 		Running: func(ctx context.Context, _ []corev1.Pod) error {
 			// Not an error of the run: recorded, and the run goes on.
 			var err error
@@ -898,7 +996,7 @@ func checkDensityTrace(counts harness.MountCounts, w DensityWorkload, c DensityC
 	}); err != nil {
 		return err
 	}
-	if c.Snapshotter != harness.SnapshotterGrouped && c.Snapshotter != groupedViewSnapshotter {
+	if c.Snapshotter != harness.SnapshotterGrouped && c.Snapshotter != groupedViewSnapshotter && c.runtimeClass(w) == "" {
 		return nil
 	}
 	want := map[string]int{}

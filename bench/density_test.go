@@ -117,3 +117,95 @@ func TestDensityReport(t *testing.T) {
 		}
 	}
 }
+
+// handlerResults is a made-up runtime-handler run on v2.0.5: plain pods
+// at overlayfs's p99, user-namespaced pods at 0.6 of it.
+func handlerResults() *Results {
+	res := &Results{Config: Density(), Started: time.Unix(0, 0)}
+	res.Config.Name = "density-handler"
+	res.Config.Versions = []string{harness.ContainerdV2_0}
+	userns, plain := DefaultDensity[0], DefaultDensity[2]
+	plain.Reps = 5
+	res.Config.Density = []DensityWorkload{userns, plain}
+	for rep := range 5 {
+		for _, w := range res.Config.Density {
+			f := 1.0
+			if w.Userns {
+				f = 0.6
+			}
+			res.Density = append(res.Density,
+				DensityRow{Version: harness.ContainerdV2_0, Contender: DensityGroupedHandler, Workload: w, Rep: rep, SLO: []float64{1, 10 * f}, ContainerdCPU: 20, KubeletCPU: 10, SnapshotterCPU: 1},
+				DensityRow{Version: harness.ContainerdV2_0, Contender: OverlayfsName, Workload: w, Rep: rep, SLO: []float64{1, 10}, ContainerdCPU: 20, KubeletCPU: 10})
+		}
+	}
+	return res
+}
+
+func TestDensityHandler(t *testing.T) {
+	c := DensityContender{Name: DensityGroupedHandler, Snapshotter: harness.SnapshotterOverlayfs, Handler: densityHandler}
+	if got := c.runtimeClass(DefaultDensity[0]); got != densityHandler {
+		t.Errorf("user-namespaced pods of the handler contender name class %q", got)
+	}
+	if got := c.runtimeClass(DefaultDensity[2]); got != "" {
+		t.Errorf("plain pods of the handler contender name class %q, want none", got)
+	}
+	// A named list is exactly what runs; without one, all but the opt-in
+	// controls.
+	cfg := Density()
+	cfg.DensityContenders = []string{OverlayfsName, DensityGroupedHandler}
+	var names []string
+	for _, c := range densityContenders(cfg, harness.ContainerdV2_0) {
+		names = append(names, c.Name)
+	}
+	if strings.Join(names, ",") != OverlayfsName+","+DensityGroupedHandler {
+		t.Errorf("named contenders ran %q", names)
+	}
+	names = nil
+	for _, c := range densityContenders(Density(), harness.ContainerdV2_0) {
+		names = append(names, c.Name)
+	}
+	if strings.Join(names, ",") != DensityGrouped+","+OverlayfsName+","+DensityGroupedHandler {
+		t.Errorf("default contenders on v2.0.5 %q", names)
+	}
+
+	h := handlerResults()
+	md := Markdown(h, nil, "")
+	for _, want := range []string{
+		"| (37) v2.0.5, 100 plain pods, 50 layers: p99 startup, grouped (runtime handler) ÷ overlayfs ≤ 1.00 (95% CI upper end under it) | 1.00× [1.00–1.00], n=5 (upper end 0% over) | **missed** |",
+		"| (37) v2.0.5, 100 user-namespaced pods, 50 layers: p99 startup, grouped (runtime handler) ÷ overlayfs ≤ 0.70 (95% CI upper end under it) | 0.60× [0.60–0.60], n=5 | **met** |",
+		"**grouped (runtime handler)** is the install mode",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(md)
+	}
+
+	doc := "x\n" + InstallModesBegin + "\nold\n" + InstallModesEnd + "\n"
+	latest := &Results{Config: Headline(), Started: time.Unix(0, 0)}
+	out, err := UpdateReadme([]byte(doc), latest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "No density run yet") {
+		t.Errorf("without density runs:\n%s", out)
+	}
+	latest.MergeDensity(densityResults())
+	latest.MergeHandler(h)
+	out, err = UpdateReadme([]byte(doc), latest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| v2.0.5 | `hostUsers: false` | CRI's snapshotter (density, 1970-01-01) | 0.90× [0.90–0.90], n=5 | 0.0 → 0.0 | 0.0 |",
+		"| v2.0.5 | `hostUsers: false` | runtime handler (density-handler, 1970-01-01) | 0.60× [0.60–0.60], n=5 | 300.0 → 310.0 | 10.0 |",
+		"| v2.0.5 | plain | runtime handler (density-handler, 1970-01-01) | 1.00× [1.00–1.00], n=5 | 300.0 → 310.0 | 10.0 |",
+		"| v2.4.2 | plain | CRI's snapshotter (density, 1970-01-01) | 0.90× [0.90–0.90], n=3 |",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("install-modes block lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -43,6 +43,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{DensityBegin, DensityEnd, func(res *Results) string { return DensityTables(res.densitySource()) }},
 		{CPUSharesBegin, CPUSharesEnd, CPUShares},
 		{MountLockBegin, MountLockEnd, MountLock},
+		{InstallModesBegin, InstallModesEnd, InstallModes},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

@@ -48,6 +48,8 @@ type Results struct {
 	mountLockRun *Results
 	// lockStressRun holds the stress of MergeLockStress.
 	lockStressRun *Results
+	// handlerRun holds the runtime-handler density run of MergeHandler.
+	handlerRun *Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`

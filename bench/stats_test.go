@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -135,23 +136,32 @@ func TestShortError(t *testing.T) {
 	}
 }
 
-// processCPU reads this process's CPU time, which grows with work.
+// processCPU reads this process's CPU time, which grows with work: spun
+// until it has grown by 0.1 s (on a busy machine that takes longer than
+// 0.1 s of wall time, never less), and never by more than the wall time
+// on every core.
 func TestProcessCPU(t *testing.T) {
 	before, err := processCPU(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(300 * time.Millisecond)
-	x := 0
-	for time.Now().Before(deadline) {
-		x++
+	t0 := time.Now()
+	x, used := 0, 0.0
+	for used < 0.1 {
+		if time.Since(t0) > time.Minute {
+			t.Fatalf("a minute of spinning used %.2f CPU seconds (x=%d)", used, x)
+		}
+		for range 1_000_000 {
+			x++
+		}
+		after, err := processCPU(os.Getpid())
+		if err != nil {
+			t.Fatal(err)
+		}
+		used = after - before
 	}
-	after, err := processCPU(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after-before < 0.1 || after-before > 5 {
-		t.Errorf("300 ms of spinning used %.2f CPU seconds (x=%d)", after-before, x)
+	if wall := time.Since(t0).Seconds(); used > wall*float64(runtime.NumCPU())+0.05 {
+		t.Errorf("%.2f CPU seconds used in %.2f s of wall time on %d cores", used, wall, runtime.NumCPU())
 	}
 	if _, err := processCPU(1 << 30); err == nil {
 		t.Error("no error for a process that does not exist")

@@ -49,6 +49,9 @@ type DensitySpec struct {
 	Image string
 	// Userns runs the pods with hostUsers: false.
 	Userns bool
+	// RuntimeClass, if set, is the pods' runtimeClassName (see
+	// CreateRuntimeClass).
+	RuntimeClass string
 	// Timeout bounds the wait for all pods to start, and separately for all
 	// to be gone after deletion (default 15 minutes each).
 	Timeout time.Duration
@@ -124,8 +127,8 @@ func (r *DensityRun) RequestLatencies() []time.Duration {
 // DensityPodManifest is the pod a density run creates: app and sidecar
 // from image, each a shell that exits at once on SIGTERM (so that deletion
 // measures the runtime's teardown, not a grace period), with no service
-// account token (no volume to mount).
-func DensityPodManifest(name, run, image string, userns bool) *corev1.Pod {
+// account token (no volume to mount), of runtimeClass if it is not "".
+func DensityPodManifest(name, run, image string, userns bool, runtimeClass string) *corev1.Pod {
 	no := false
 	grace := int64(10)
 	script := []string{"/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"}
@@ -144,7 +147,42 @@ func DensityPodManifest(name, run, image string, userns bool) *corev1.Pod {
 	if userns {
 		p.Spec.HostUsers = &no
 	}
+	if runtimeClass != "" {
+		p.Spec.RuntimeClassName = &runtimeClass
+	}
 	return p
+}
+
+// CreateRuntimeClass creates RuntimeClass name for CRI runtime handler
+// handler, as deploy/kubernetes/runtimeclass.yaml does; one that exists
+// with that handler is kept.
+func (c *Cluster) CreateRuntimeClass(ctx context.Context, name, handler string) error {
+	api, err := c.streamClient()
+	if err != nil {
+		return err
+	}
+	defer api.CloseIdleConnections()
+	const path = "/apis/node.k8s.io/v1/runtimeclasses"
+	var old struct{ Handler string }
+	if err := c.apiCall(ctx, api, http.MethodGet, path+"/"+name, nil, http.StatusOK, &old); err == nil {
+		if old.Handler != handler {
+			return fmt.Errorf("RuntimeClass %q exists with handler %q, want %q", name, old.Handler, handler)
+		}
+		return nil
+	}
+	body, err := json.Marshal(map[string]any{
+		"apiVersion": "node.k8s.io/v1",
+		"kind":       "RuntimeClass",
+		"metadata":   map[string]string{"name": name},
+		"handler":    handler,
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.apiCall(ctx, api, http.MethodPost, path, body, http.StatusCreated, nil); err != nil {
+		return fmt.Errorf("create RuntimeClass %q: %w", name, err)
+	}
+	return nil
 }
 
 // allStarted reports whether every container of p has started.
@@ -203,7 +241,7 @@ func (c *Cluster) Density(ctx context.Context, spec DensitySpec) (run *DensityRu
 	run = &DensityRun{Spec: spec, Pods: make([]DensityPod, spec.Pods)}
 	bodies := make([][]byte, spec.Pods)
 	for i, name := range names {
-		if bodies[i], err = json.Marshal(DensityPodManifest(name, spec.Name, spec.Image, spec.Userns)); err != nil {
+		if bodies[i], err = json.Marshal(DensityPodManifest(name, spec.Name, spec.Image, spec.Userns, spec.RuntimeClass)); err != nil {
 			return nil, err
 		}
 	}

@@ -58,12 +58,15 @@ kubelet_runtime_operations_duration_seconds_bucket{operation_type="create_contai
 }
 
 func TestDensityPodManifest(t *testing.T) {
-	p := DensityPodManifest("r-000", "r", "img", true)
+	p := DensityPodManifest("r-000", "r", "img", true, "grouped")
 	if p.Spec.HostUsers == nil || *p.Spec.HostUsers || len(p.Spec.Containers) != 2 || p.Labels[DensityLabel] != "r" {
 		t.Fatalf("userns pod %+v", p)
 	}
-	if p := DensityPodManifest("r-000", "r", "img", false); p.Spec.HostUsers != nil {
-		t.Fatal("plain pod has hostUsers set")
+	if p.Spec.RuntimeClassName == nil || *p.Spec.RuntimeClassName != "grouped" {
+		t.Fatalf("userns pod of class grouped has runtimeClassName %v", p.Spec.RuntimeClassName)
+	}
+	if p := DensityPodManifest("r-000", "r", "img", false, ""); p.Spec.HostUsers != nil || p.Spec.RuntimeClassName != nil {
+		t.Fatal("plain pod has hostUsers or a runtime class set")
 	}
 	at := time.Unix(100, 0)
 	pod := DensityPod{Requested: at.Add(300 * time.Millisecond), Created: at, Started: at.Add(2 * time.Second)}

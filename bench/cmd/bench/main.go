@@ -37,9 +37,10 @@ func run() error {
 	full := flag.Bool("full", false, "run every scenario (make bench-full); the default is the headline (make bench)")
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
-	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run besides grouped, e.g. overlayfs (default all)")
+	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run, e.g. \"overlayfs,grouped (runtime handler)\" (default all but the opt-in controls)")
 	lockStressResults := flag.String("lockstress-results", "", "with -render: also show the mount-lock stress of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.LockStressFile+")")
 	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
+	handlerResults := flag.String("handler-results", "", "with -render: also show the runtime-handler density run of this JSON file in the install-modes block (make bench-readme passes results/"+bench.HandlerFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
 	abBinary := flag.String("ab-binary", "", "A/B as -a, with build A given as a grouped-snapshotter binary")
@@ -92,7 +93,7 @@ func run() error {
 		for _, m := range []struct {
 			path  string
 			merge func(*bench.Results)
-		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}} {
+		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}} {
 			if m.path == "" {
 				continue
 			}
