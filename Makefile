@@ -78,7 +78,7 @@ bench-ab: tools
 # tools needed. bench's TestBenchREADMECurrent fails while they are stale.
 bench-readme:
 	cd bench && $(GO) run ./cmd/bench -render results/headline.json -density-results results/density.json -handler-results results/density-handler.json -readme ../README.md && \
-		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -readme ../docs/benchmarks.md
+		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -profile-results results/profile.json -readme ../docs/benchmarks.md
 
 # Every module for the host's architecture and for arm64 (one code path on
 # both), and the daemon built for arm64 (static: no cgo anywhere).

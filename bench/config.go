@@ -215,6 +215,9 @@ type Config struct {
 	// DensityContenders): exactly those run. Empty runs all but the
 	// opt-in controls.
 	DensityContenders []string `json:",omitempty"`
+	// ProfilePulls is the number of profiled pulls per contender and image
+	// after scenario 3's timed ones: CPU by process and function group.
+	ProfilePulls int `json:",omitempty"`
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.
 	// Empty runs all.

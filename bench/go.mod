@@ -6,6 +6,7 @@ require (
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/log v0.2.0
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/grouped-snapshotter/grouped-snapshotter/integration v0.0.0
 	github.com/moby/sys/mountinfo v0.7.2
 	golang.org/x/sys v0.50.0

@@ -137,6 +137,36 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 				return err
 			}
 		}
+		// Profiled pulls, interleaved, after the others (issue 37).
+		for rep := range cfg.ProfilePulls {
+			for _, i := range rotated(rep, all) {
+				if failures[i] >= pullGiveUp {
+					continue
+				}
+				env, c := st.envs[i], st.contenders[i]
+				var took []float64
+				for _, r := range res.Pulls {
+					if r.Version == st.version && r.Contender == c.Name && r.Layers == n && r.Err == "" {
+						took = append(took, r.Seconds)
+					}
+				}
+				profiles, d, err := profilePull(ctx, env, ref, profileWindow(took))
+				if err != nil {
+					return fmt.Errorf("%d layers, %s: %w", n, c.Name, err)
+				}
+				for _, p := range profiles {
+					p.Version, p.Contender, p.Layers, p.Rep = st.version, c.Name, n, rep
+					res.PullProfiles = append(res.PullProfiles, p)
+					st.logf("profiled pull %s %d layers %s rep %d (%s): %s used %.2f CPU s", st.version, n, c.Name, rep, d.Round(time.Millisecond), p.Process, p.Seconds)
+				}
+				if err := env.RemoveImage(ctx, ref); err != nil && !isNotFound(err) {
+					return fmt.Errorf("remove %s from %s: %w", ref, c.Name, err)
+				}
+				if err := waitSettled(ctx, env, base[i], st.logf); err != nil {
+					return err
+				}
+			}
+		}
 		if err := res.finish(ctx, unit); err != nil {
 			return err
 		}

@@ -44,6 +44,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{CPUSharesBegin, CPUSharesEnd, CPUShares},
 		{MountLockBegin, MountLockEnd, MountLock},
 		{InstallModesBegin, InstallModesEnd, InstallModes},
+		{ProfileBegin, ProfileEnd, PullProfiles},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

@@ -46,6 +46,10 @@ func Markdown(res *Results, charts []string, notes string) string {
 	writeStarts(&b, res, charts)
 	writeBursts(&b, res, charts)
 	writePulls(&b, res)
+	if len(res.PullProfiles) > 0 {
+		b.WriteString("### CPU per pulled layer by function group (profiled pulls)\n")
+		b.WriteString(PullProfiles(res))
+	}
 	writeUnpacks(&b, res)
 	writeAPI(&b, res)
 	writeMemory(&b, res)

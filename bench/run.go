@@ -30,6 +30,8 @@ type Results struct {
 	// PullTraces are scenario 3's traced pulls, one per contender and
 	// image after the timed ones.
 	PullTraces []PullTrace `json:",omitempty"`
+	// PullProfiles are scenario 3's profiled pulls (Config.ProfilePulls).
+	PullProfiles []PullProfile `json:",omitempty"`
 	Unpacks    []UnpackRow `json:",omitempty"`
 	// UnpackSyscalls are scenario 3b's traced chains.
 	UnpackSyscalls []UnpackSyscalls `json:",omitempty"`
@@ -50,6 +52,8 @@ type Results struct {
 	lockStressRun *Results
 	// handlerRun holds the runtime-handler density run of MergeHandler.
 	handlerRun *Results
+	// profileRun holds the profiled pulls of MergeProfile.
+	profileRun *Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`

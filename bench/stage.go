@@ -70,6 +70,7 @@ func startStage(ctx context.Context, cfg Config, version string, registry *harne
 			IDMap:       c.IDMap,
 			Containerd:  version,
 			Namespace:   fmt.Sprintf("gs-bench-%d-%d", os.Getpid(), len(st.envs)),
+			Profile:     cfg.ProfilePulls > 0,
 		}
 		// containerd 2.0 unpacks one layer after the other; later
 		// releases unpack in parallel for snapshotters with "rebase"

@@ -27,6 +27,9 @@ type Containerd struct {
 	// ConfDir is the drop-in directory the config imports, when
 	// Options.ContainerdImports is set.
 	ConfDir string
+	// DebugAddress is containerd's debug socket, serving Go's profiles
+	// at /debug/pprof/ over HTTP.
+	DebugAddress string
 
 	bin  string
 	env  []string
@@ -46,6 +49,7 @@ type configParams struct {
 	containerdRoot string
 	state          string
 	address        string
+	debugAddress   string
 	// cri, when set, is the CRI plugins' TOML (see criConfig); CRI stays
 	// disabled otherwise.
 	cri string
@@ -84,7 +88,11 @@ func renderConfig(p configParams) string {
 		}
 	}
 	fmt.Fprintf(&b, "disabled_plugins = [%s]\n\n", strings.Join(quoted, ", "))
-	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n\n")
+	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n")
+	if p.debugAddress != "" {
+		fmt.Fprintf(&b, "  address = %s\n", q(p.debugAddress))
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.grpc']\n  address = %s\n\n", q(p.address))
 	fmt.Fprintf(&b, "[plugins.'io.containerd.server.v1.ttrpc']\n  address = %s\n\n", q(p.address+".ttrpc"))
 	if p.grpcTopLevel {

@@ -90,6 +90,10 @@ type Options struct {
 	// grouped-snapshotter layout. containerd's overlay code served by
 	// SnapshotterBin keeps them in "snapshots".
 	SnapshotterLayerDir string
+	// Profile makes the snapshotter daemon serve Go's profiles on a unix
+	// socket (Snapshotter.PprofAddress; grouped-snapshotter's
+	// --pprof-address, which the daemon must accept).
+	Profile bool
 }
 
 // ProxyCapabilities are the capabilities the installer declares for the
@@ -121,6 +125,7 @@ type Env struct {
 	// criSnapshotter is Options.CRISnapshotter.
 	criSnapshotter string
 	extraTOML      string
+	profile        bool
 	imports        bool
 	// capabilities of the grouped proxy plugin in containerd's config.
 	capabilities []string
@@ -186,6 +191,7 @@ func Start(ctx context.Context, opts Options) (env *Env, err error) {
 		binIsGrouped:    opts.SnapshotterBinIsGrouped,
 		layerSubdir:     opts.SnapshotterLayerDir,
 		snapshotterRoot: opts.SnapshotterRoot,
+		profile:         opts.Profile,
 	}
 	if e.capabilities == nil {
 		e.capabilities = ProxyCapabilities
@@ -233,6 +239,9 @@ func (e *Env) start(ctx context.Context, repo string) error {
 			LogPath:     filepath.Join(logs, "grouped-snapshotter.log"),
 			LayerSubdir: e.layerSubdir,
 		}
+		if e.profile {
+			e.Snapshotter.PprofAddress = filepath.Join(e.Dir, "pprof.sock")
+		}
 	}
 
 	reg, err := startRegistry(ctx, e.Tools, filepath.Join(e.Dir, "registry"), filepath.Join(logs, "registry.log"))
@@ -269,6 +278,8 @@ func containerdPaths(envDir string) *Containerd {
 		HostsDir:   filepath.Join(base, "certs.d"),
 		LogPath:    filepath.Join(envDir, "logs", "containerd.log"),
 		ConfDir:    filepath.Join(base, "conf.d"),
+		// The debug socket's path must fit a sockaddr, as the others do.
+		DebugAddress: filepath.Join(base, "debug.sock"),
 	}
 }
 
@@ -295,6 +306,7 @@ func (e *Env) startContainerd(ctx context.Context) error {
 		containerdRoot: c.Root,
 		state:          c.State,
 		address:        c.Address,
+		debugAddress:   c.DebugAddress,
 	}
 	// Shim socket paths are <dir>/<64 hex>; past 42 bytes keep the default,
 	// as releases without socket_dir do.

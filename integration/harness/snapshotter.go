@@ -26,6 +26,9 @@ type Snapshotter struct {
 	LogPath string
 	// LayerSubdir is LayerDir relative to Root; empty means "l".
 	LayerSubdir string
+	// PprofAddress, if set, is the unix socket the daemon serves Go's
+	// profiles on (--pprof-address).
+	PprofAddress string
 
 	proc *Process
 }
@@ -59,8 +62,11 @@ func (s *Snapshotter) Start(ctx context.Context) error {
 			return fmt.Errorf("write snapshotter config: %w", err)
 		}
 	}
-	proc, err := startProcess("grouped-snapshotter", s.LogPath, nil, s.Bin, "--config", s.ConfigPath,
-		"--root", s.Root, "--address", s.Address, "--log-level", "debug")
+	args := []string{"--config", s.ConfigPath, "--root", s.Root, "--address", s.Address, "--log-level", "debug"}
+	if s.PprofAddress != "" {
+		args = append(args, "--pprof-address", "unix://"+s.PprofAddress)
+	}
+	proc, err := startProcess("grouped-snapshotter", s.LogPath, nil, s.Bin, args...)
 	if err != nil {
 		return err
 	}

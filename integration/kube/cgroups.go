@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -97,7 +98,9 @@ func removeCgroupTree(dir string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	// A cgroup whose last task just exited is busy for a moment.
+	// A cgroup whose last task just exited is busy for a moment; one that
+	// still holds processes stays busy, and fails at once.
+	var procs []byte
 	for range 100 {
 		err = syscall.Rmdir(dir)
 		if err == nil || errors.Is(err, syscall.ENOENT) {
@@ -106,8 +109,10 @@ func removeCgroupTree(dir string) error {
 		if !errors.Is(err, syscall.EBUSY) {
 			break
 		}
+		if procs, _ = os.ReadFile(filepath.Join(dir, "cgroup.procs")); len(bytes.TrimSpace(procs)) > 0 {
+			break
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	return fmt.Errorf("remove cgroup %s: %w (processes: %q)", dir, err, strings.Fields(string(procs)))
 }

@@ -40,6 +40,7 @@ func run() error {
 	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run, e.g. \"overlayfs,grouped (runtime handler)\" (default all but the opt-in controls)")
 	lockStressResults := flag.String("lockstress-results", "", "with -render: also show the mount-lock stress of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.LockStressFile+")")
 	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
+	profileResults := flag.String("profile-results", "", "with -render: also show the profiled pulls of this JSON file in the function-group block (make bench-readme passes results/"+bench.ProfileFile+")")
 	handlerResults := flag.String("handler-results", "", "with -render: also show the runtime-handler density run of this JSON file in the install-modes block (make bench-readme passes results/"+bench.HandlerFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
@@ -59,6 +60,7 @@ func run() error {
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	reps := flag.Int("reps", 0, "repetitions of the other comparisons, e.g. the API latencies (default: the configuration's; at least 3)")
+	profilePulls := flag.Int("profile-pulls", 0, "profiled pulls per contender and image after the timed ones: containerd's and the daemon's CPU by function group (issue 37)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
@@ -93,7 +95,7 @@ func run() error {
 		for _, m := range []struct {
 			path  string
 			merge func(*bench.Results)
-		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}} {
+		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}, {*profileResults, res.MergeProfile}} {
 			if m.path == "" {
 				continue
 			}
@@ -226,6 +228,9 @@ func run() error {
 		if cfg.ImportLayers, err = layerCounts("import-layers", *importLayers); err != nil {
 			return err
 		}
+	}
+	if *profilePulls > 0 {
+		cfg.ProfilePulls = *profilePulls
 	}
 	if *pullReps > 0 {
 		cfg.PullReps = *pullReps

@@ -5,16 +5,19 @@
 // the cost of being out of process from grouped-snapshotter's own work.
 // It accepts grouped-snapshotter's flags so the integration harness can
 // start it in its place (--config is ignored), and runs with Go's runtime
-// defaults, as grouped-snapshotter does by default.
+// defaults (grouped-snapshotter's default config sets gomaxprocs = 1).
 package main
 
 import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -37,6 +40,7 @@ func run() error {
 	root := flag.String("root", "/var/lib/overlay-proxy", "snapshotter root")
 	address := flag.String("address", "/run/overlay-proxy.sock", "unix socket to serve on")
 	level := flag.String("log-level", "info", "log level")
+	pprofAddress := flag.String("pprof-address", "", `serve Go's profiles (/debug/pprof/) on "unix:///path"`)
 	flag.Parse()
 	if err := log.SetLevel(*level); err != nil {
 		return err
@@ -57,6 +61,19 @@ func run() error {
 	l, err := net.Listen("unix", *address)
 	if err != nil {
 		return err
+	}
+	if *pprofAddress != "" {
+		path, ok := strings.CutPrefix(*pprofAddress, "unix://")
+		if !ok {
+			return fmt.Errorf("--pprof-address %q: want unix:///path", *pprofAddress)
+		}
+		pl, err := net.Listen("unix", path)
+		if err != nil {
+			return err
+		}
+		defer os.Remove(path)
+		// net/http/pprof registers its handlers on the default mux.
+		go func() { _ = http.Serve(pl, nil) }()
 	}
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
