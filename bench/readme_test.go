@@ -181,22 +181,24 @@ func TestBenchREADMECurrent(t *testing.T) {
 		if density != nil {
 			res.MergeDensity(density)
 		}
+		merges := map[string]func(*Results){HandlerFile: res.MergeHandler}
 		if doc == benchmarks {
-			for file, merge := range map[string]func(*Results){MountLockFile: res.MergeMountLock, LockStressFile: res.MergeLockStress} {
-				if _, err := os.Stat(filepath.Join("results", file)); err == nil {
-					merge(read(file))
-				} else if !errors.Is(err, os.ErrNotExist) {
-					t.Fatal(err)
-				}
+			merges[MountLockFile], merges[LockStressFile], merges[ProfileFile] = res.MergeMountLock, res.MergeLockStress, res.MergeProfile
+		}
+		for file, merge := range merges {
+			if _, err := os.Stat(filepath.Join("results", file)); err == nil {
+				merge(read(file))
+			} else if !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
 			}
 		}
 		old, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin} {
+		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, InstallModesBegin} {
 			if strings.Contains(string(old), marker) {
-				blocks[marker] = doc
+				blocks[marker] += doc + " "
 			}
 		}
 		updated, err := UpdateReadme(old, res)
@@ -208,8 +210,9 @@ func TestBenchREADMECurrent(t *testing.T) {
 			t.Errorf("%s differs from bench/results/%s: run `make bench-readme`", doc, from)
 		}
 	}
-	if blocks[HeadlineBegin] != readme || blocks[ReadmeBegin] != benchmarks || blocks[DensityBegin] != benchmarks || blocks[CPUSharesBegin] != benchmarks || blocks[MountLockBegin] != benchmarks {
-		t.Errorf("blocks found in %v; want the headline in the README and the tables in docs/benchmarks.md", blocks)
+	if blocks[HeadlineBegin] != readme+" " || blocks[ReadmeBegin] != benchmarks+" " || blocks[DensityBegin] != benchmarks+" " || blocks[CPUSharesBegin] != benchmarks+" " || blocks[MountLockBegin] != benchmarks+" " || blocks[ProfileBegin] != benchmarks+" " ||
+		len(strings.Fields(blocks[InstallModesBegin])) != 2 {
+		t.Errorf("blocks found in %v; want the headline in the README, the install modes in both and the tables in docs/benchmarks.md", blocks)
 	}
 }
 

@@ -32,7 +32,7 @@ type Results struct {
 	PullTraces []PullTrace `json:",omitempty"`
 	// PullProfiles are scenario 3's profiled pulls (Config.ProfilePulls).
 	PullProfiles []PullProfile `json:",omitempty"`
-	Unpacks    []UnpackRow `json:",omitempty"`
+	Unpacks      []UnpackRow   `json:",omitempty"`
 	// UnpackSyscalls are scenario 3b's traced chains.
 	UnpackSyscalls []UnpackSyscalls `json:",omitempty"`
 	API            []APIRow
