@@ -114,7 +114,8 @@ func pooledSLI(rows []DensityRow) kube.Histogram {
 	return h
 }
 
-func secs(v float64) string {
+// oneDecimal formats seconds or milliseconds to a tenth, "–" for NaN.
+func oneDecimal(v float64) string {
 	if math.IsNaN(v) {
 		return "–"
 	}
@@ -242,7 +243,7 @@ func densityTable(res *Results, w DensityWorkload, full bool) string {
 			if c != DensityGrouped {
 				ratio = densityRatio(res, v, DensityGrouped, w, c, w).format()
 			}
-			med := func(f func(DensityRow) float64) string { return secs(medianOf(rows, f)) }
+			med := func(f func(DensityRow) float64) string { return oneDecimal(medianOf(rows, f)) }
 			lat := fmt.Sprintf("%s / %s / %s / %s", med(func(r DensityRow) float64 { return r.Percentile(50) }), med(func(r DensityRow) float64 { return r.Percentile(90) }), med(p99), med(func(r DensityRow) float64 { return r.Percentile(100) }))
 			if len(rows) == 0 {
 				lat = "fails: `" + failed + "`"
@@ -627,7 +628,7 @@ func startPathTable(res *Results) string {
 						continue
 					}
 					lines = append(lines, fmt.Sprintf("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %s |", v, c, kind, sandbox, create, start,
-						sandbox+float64(containersPerPod)*(create+start), secs(medianOf(rows, func(r DensityRow) float64 { return r.Percentile(50) }))))
+						sandbox+float64(containersPerPod)*(create+start), oneDecimal(medianOf(rows, func(r DensityRow) float64 { return r.Percentile(50) }))))
 				}
 			}
 		}

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"strings"
 )
 
@@ -63,18 +62,11 @@ func InstallModes(res *Results) string {
 				total := func(r DensityRow) float64 { return r.ContainerdCPU + r.KubeletCPU + r.SnapshotterCPU }
 				fmt.Fprintf(&b, "| %s | %s | %s (%s, %s) | %s | %s → %s | %s |\n", v, kind, m.name, m.run.Config.Name, m.run.Started.UTC().Format("2006-01-02"),
 					densityRatio(m.run, v, m.contender, w, OverlayfsName, w).format(),
-					ms1(perPod(base, total)), ms1(perPod(this, total)),
-					ms1(perPod(this, func(r DensityRow) float64 { return r.SnapshotterCPU })))
+					oneDecimal(perPod(base, total)), oneDecimal(perPod(this, total)),
+					oneDecimal(perPod(this, func(r DensityRow) float64 { return r.SnapshotterCPU })))
 			}
 		}
 	}
 	b.WriteString("\nRatios are of each run's interleaved pairs (ratio of medians of the runs' p99, bootstrap interval); CPU is the median over a run's timed repetitions.\n\n")
 	return b.String()
-}
-
-func ms1(v float64) string {
-	if math.IsNaN(v) {
-		return "–"
-	}
-	return fmt.Sprintf("%.1f", v)
 }

@@ -295,10 +295,10 @@ func PullProfiles(res *Results) string {
 				fmt.Fprintf(&b, "| %s |", name)
 				for _, i := range cols {
 					c := profileColumns[i]
-					fmt.Fprintf(&b, " %s |", ms2(profileMs(res, v, c.contender, c.process, n, measure)))
+					fmt.Fprintf(&b, " %s |", ms(profileMs(res, v, c.contender, c.process, n, measure)))
 				}
 				d := profileMs(res, v, Grouped, "containerd", n, measure) - profileMs(res, v, OverlayfsName, "containerd", n, measure)
-				fmt.Fprintf(&b, " %s |\n", signed2(d))
+				fmt.Fprintf(&b, " %s |\n", signedMs(d))
 			}
 			for _, g := range profileGroupNames() {
 				row(g, func(p PullProfile) float64 { return p.Groups[g] })
@@ -308,18 +308,4 @@ func PullProfiles(res *Results) string {
 		}
 	}
 	return b.String()
-}
-
-func ms2(v float64) string {
-	if math.IsNaN(v) {
-		return "–"
-	}
-	return fmt.Sprintf("%.2f", v)
-}
-
-func signed2(v float64) string {
-	if math.IsNaN(v) {
-		return "–"
-	}
-	return fmt.Sprintf("%+.2f", v)
 }
