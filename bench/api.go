@@ -46,6 +46,16 @@ type APIRow struct {
 	// after answering (garbage collection among it) lands in the next
 	// call's, so only the sum over a cycle's operations is exact.
 	CPU time.Duration `json:",omitempty"`
+	// Wait is the time the daemon's threads spent ready to run but not
+	// running over the same span (schedstat's run-queue wait), summed over
+	// the threads, the mean per call: queueing for a CPU, a halted CPU's
+	// wake-up among it. Runs is how many times a thread of the daemon was
+	// put on a CPU (schedstat's timeslices), per call: its hand-offs.
+	// Mean is the calls' mean latency. Summed over threads that run or
+	// wait side by side, CPU and Wait can each exceed it.
+	Wait time.Duration `json:",omitempty"`
+	Runs float64       `json:",omitempty"`
+	Mean time.Duration `json:",omitempty"`
 }
 
 // apiContenders are the contenders with a socket (containerd's overlayfs
@@ -79,11 +89,11 @@ func runAPI(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]API
 				n = min(n, 5)
 			}
 			var (
-				lat, cpu map[string][]time.Duration
-				calls    map[string]int
+				lat, cpu, wait map[string][]time.Duration
+				calls, runs    map[string]int
 			)
 			err := withDaemon(ctx, bins.of(c), filepath.Join(dir, fmt.Sprintf("api-%d-%d", rep, i)), c.IDMap, func(d *daemon) (err error) {
-				lat, cpu, calls, err = apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
+				lat, cpu, wait, runs, calls, err = apiCycles(ctx, d, cfg.APIParentLayers, n, traced)
 				return err
 			})
 			if err != nil {
@@ -99,12 +109,8 @@ func runAPI(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]API
 					}
 					continue
 				}
-				var total time.Duration
-				for _, d := range cpu[op] {
-					total += d
-				}
 				rows = append(rows, APIRow{Contender: c.Name, Rep: rep, Op: op, N: len(lat[op]),
-					P50: Percentile(lat[op], 50), P99: Percentile(lat[op], 99), CPU: total / time.Duration(max(1, len(cpu[op])))})
+					P50: Percentile(lat[op], 50), P99: Percentile(lat[op], 99), CPU: meanDuration(cpu[op]), Wait: meanDuration(wait[op]), Runs: float64(runs[op]) / float64(max(1, len(lat[op]))), Mean: meanDuration(lat[op])})
 			}
 			if !traced {
 				cfg.Logf("API %s rep %d: Prepare new mapping p50 %s, Mounts mapping in use p50 %s", c.Name, rep,
@@ -115,15 +121,24 @@ func runAPI(ctx context.Context, cfg Config, bins daemonBins, dir string) ([]API
 	return rows, nil
 }
 
+func meanDuration(ds []time.Duration) time.Duration {
+	var total time.Duration
+	for _, d := range ds {
+		total += d
+	}
+	return total / time.Duration(max(1, len(ds)))
+}
+
 // apiCycles runs n cycles of APIOps on d and returns each call's latency
-// and the daemon's CPU time during it by operation; traced, it times
-// nothing and counts the daemon's mount syscalls per operation instead.
-func apiCycles(ctx context.Context, d *daemon, parentLayers, n int, traced bool) (lat, cpu map[string][]time.Duration, calls map[string]int, err error) {
+// and the daemon's CPU time, run-queue wait and times on a CPU during it
+// by operation; traced, it times nothing and counts the daemon's mount
+// syscalls per operation instead.
+func apiCycles(ctx context.Context, d *daemon, parentLayers, n int, traced bool) (lat, cpu, wait map[string][]time.Duration, runs, calls map[string]int, err error) {
 	parent, err := d.chain(ctx, "base", "", parentLayers)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
-	lat, cpu, calls = map[string][]time.Duration{}, map[string][]time.Duration{}, map[string]int{}
+	lat, cpu, wait, runs, calls = map[string][]time.Duration{}, map[string][]time.Duration{}, map[string][]time.Duration{}, map[string]int{}, map[string]int{}
 	for i := range n {
 		m := burstMapping + Mapping(i)*65536
 		a, u, v := fmt.Sprintf("a%d", i), fmt.Sprintf("u%d", i), fmt.Sprintf("v%d", i)
@@ -149,50 +164,61 @@ func apiCycles(ctx context.Context, d *daemon, parentLayers, n int, traced bool)
 			var tr *harness.MountTrace
 			if traced {
 				if tr, err = harness.StartMountTrace(d.PID()); err != nil {
-					return nil, nil, nil, err
+					return nil, nil, nil, nil, nil, err
 				}
 			}
-			cpu0, cerr := threadsCPU(d.PID())
+			sched0, cerr := threadsSched(d.PID())
 			t0 := time.Now()
 			err := s.fn()
 			dt := time.Since(t0)
-			cpu1, cerr1 := threadsCPU(d.PID())
+			sched1, cerr1 := threadsSched(d.PID())
 			if traced {
 				counts, terr := tr.Stop()
 				if terr != nil {
-					return nil, nil, nil, terr
+					return nil, nil, nil, nil, nil, terr
 				}
 				calls[s.op] += counts.Total()
 			}
 			if err = errors.Join(err, cerr, cerr1); err != nil {
-				return nil, nil, nil, fmt.Errorf("%s (cycle %d): %w", s.op, i, err)
+				return nil, nil, nil, nil, nil, fmt.Errorf("%s (cycle %d): %w", s.op, i, err)
 			}
 			lat[s.op] = append(lat[s.op], dt)
-			cpu[s.op] = append(cpu[s.op], cpu1-cpu0)
+			cpu[s.op] = append(cpu[s.op], sched1.run-sched0.run)
+			wait[s.op] = append(wait[s.op], sched1.wait-sched0.wait)
+			runs[s.op] += int(sched1.runs - sched0.runs)
 		}
 	}
-	return lat, cpu, calls, nil
+	return lat, cpu, wait, runs, calls, nil
 }
 
-// threadsCPU returns the CPU time process pid's threads have run, from
-// /proc/PID/task/*/schedstat (nanoseconds; /proc/PID/stat counts in 10 ms
-// ticks, too coarse for one call).
-func threadsCPU(pid int) (time.Duration, error) {
+// schedTimes are a process's threads' time on a CPU, time waiting on a
+// run queue (ready, not running) and times put on a CPU.
+type schedTimes struct {
+	run, wait time.Duration
+	runs      int64
+}
+
+// threadsSched sums process pid's threads' /proc/PID/task/*/schedstat
+// (nanoseconds; /proc/PID/stat counts CPU in 10 ms ticks, too coarse for
+// one call, and has no run-queue wait).
+func threadsSched(pid int) (schedTimes, error) {
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 	if err != nil || len(tasks) == 0 {
-		return 0, fmt.Errorf("threads of pid %d: %v", pid, err)
+		return schedTimes{}, fmt.Errorf("threads of pid %d: %v", pid, err)
 	}
-	var total time.Duration
+	var total schedTimes
 	for _, t := range tasks {
 		data, err := os.ReadFile(t)
 		if err != nil {
 			continue // a thread that ended meanwhile
 		}
-		var ns int64
-		if _, err := fmt.Sscan(string(data), &ns); err != nil {
-			return 0, fmt.Errorf("%s: %w", t, err)
+		var run, wait, runs int64
+		if _, err := fmt.Sscan(string(data), &run, &wait, &runs); err != nil {
+			return schedTimes{}, fmt.Errorf("%s: %w", t, err)
 		}
-		total += time.Duration(ns)
+		total.run += time.Duration(run)
+		total.wait += time.Duration(wait)
+		total.runs += runs
 	}
 	return total, nil
 }

@@ -218,6 +218,10 @@ type Config struct {
 	// ProfilePulls is the number of profiled pulls per contender and image
 	// after scenario 3's timed ones: CPU by process and function group.
 	ProfilePulls int `json:",omitempty"`
+	// ProfileDensity makes scenario 7's observed runs take CPU profiles of
+	// containerd and of the contender's daemon: CPU per pod by process and
+	// function group.
+	ProfileDensity bool `json:",omitempty"`
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.
 	// Empty runs all.

@@ -279,7 +279,15 @@ type DensityRow struct {
 	Syscalls                                        string `json:",omitempty"`
 	// TraceErr is why the observed run's trace failed its checks.
 	TraceErr string `json:",omitempty"`
-	Err      string `json:",omitempty"`
+	// Profiles are containerd's and the daemon's CPU by function group
+	// over the observed run (Config.ProfileDensity), from the first create
+	// request to the last pod gone; ProfileErr is why they are missing.
+	Profiles   []ProcessProfile `json:",omitempty"`
+	ProfileErr string           `json:",omitempty"`
+	// DaemonCalls are the installed daemon's calls over the same span by
+	// operation, with the seconds it spent in them (its metrics).
+	DaemonCalls map[string]kube.SumCount `json:",omitempty"`
+	Err         string                   `json:",omitempty"`
 }
 
 // Percentile of the row's SLO latencies (nearest rank).
@@ -336,8 +344,13 @@ type densityStage struct {
 	// handler is the rendered drop-in of the runtime handler that Handler
 	// contenders declare.
 	handler []byte
-	current string
-	logf    func(string, ...any)
+	// profile: observed runs take CPU profiles (Config.ProfileDensity) of
+	// containerd and of the daemon, which serves them on nodePprof, and
+	// count the installed daemon's calls (its metrics, on nodeMetrics).
+	profile                bool
+	nodePprof, nodeMetrics string
+	current                string
+	logf                   func(string, ...any)
 }
 
 // runDensity is scenario 7 on every release.
@@ -386,7 +399,7 @@ func runDensity(ctx context.Context, cfg Config, registry *harness.Registry, res
 }
 
 func startDensityStage(ctx context.Context, cfg Config, version string, registry *harness.Registry, images map[string]string) (st *densityStage, err error) {
-	st = &densityStage{version: version, contenders: densityContenders(cfg, version), images: images, noImage: map[string]map[string]string{}, logf: cfg.Logf}
+	st = &densityStage{version: version, contenders: densityContenders(cfg, version), images: images, noImage: map[string]map[string]string{}, profile: cfg.ProfileDensity, logf: cfg.Logf}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, st.close(ctx))
@@ -412,7 +425,13 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 	if err := trustRegistry(st.env, registry.Host); err != nil {
 		return st, err
 	}
-	if st.node, err = kube.InstallGrouped(ctx, st.env, cfg.Logf); err != nil {
+	var daemonFlags []string
+	if st.profile {
+		st.nodePprof = filepath.Join(st.env.Dir, "grouped-pprof.sock")
+		st.nodeMetrics = filepath.Join(st.env.Dir, "grouped-metrics.sock")
+		daemonFlags = []string{"--pprof-address", "unix://" + st.nodePprof, "--metrics-address", "unix://" + st.nodeMetrics}
+	}
+	if st.node, err = kube.InstallGrouped(ctx, st.env, cfg.Logf, daemonFlags...); err != nil {
 		return st, err
 	}
 	if err := st.startProxies(ctx); err != nil {
@@ -491,7 +510,9 @@ type densityProxy struct {
 	root, socket string
 	// grouped daemons have mapped parents to count.
 	grouped bool
-	proc    *harness.Process
+	// pprof is its profiling socket, if it serves one.
+	pprof string
+	proc  *harness.Process
 }
 
 // startProxies starts the daemons of the stage's proxy contenders other
@@ -526,11 +547,16 @@ func (st *densityStage) startProxies(ctx context.Context) error {
 			continue
 		}
 		args = append(args, "--root", root, "--address", socket)
+		var pprof string
+		if st.profile {
+			pprof = filepath.Join(dir, "pprof.sock")
+			args = append(args, "--pprof-address", "unix://"+pprof)
+		}
 		p, err := harness.StartProcess(harness.ProcessOptions{Name: c.Name, LogPath: filepath.Join(dir, "daemon.log")}, args[0], args[1:]...)
 		if err != nil {
 			return err
 		}
-		st.proxies = append(st.proxies, &densityProxy{snapshotter: c.Snapshotter, root: root, socket: socket, grouped: grouped, proc: p})
+		st.proxies = append(st.proxies, &densityProxy{snapshotter: c.Snapshotter, root: root, socket: socket, grouped: grouped, pprof: pprof, proc: p})
 		if err := joinCgroups(p.PID(), st.node.PID()); err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
@@ -699,7 +725,7 @@ func (st *densityStage) use(ctx context.Context, c DensityContender) error {
 // daemonPID is the pid of c's snapshotter daemon, 0 for a built-in one;
 // a Handler contender's is the installed grouped-snapshotter.
 func (st *densityStage) daemonPID(c DensityContender) int {
-	if c.Snapshotter == harness.SnapshotterGrouped || c.Handler != "" {
+	if st.installedDaemon(c) {
 		return st.node.PID()
 	}
 	for _, p := range st.proxies {
@@ -708,6 +734,42 @@ func (st *densityStage) daemonPID(c DensityContender) int {
 		}
 	}
 	return 0
+}
+
+// installedDaemon says whether c's snapshots are the installed daemon's.
+func (st *densityStage) installedDaemon(c DensityContender) bool {
+	return c.Snapshotter == harness.SnapshotterGrouped || c.Handler != ""
+}
+
+// daemonOpsMetric is the installed daemon's histogram of its calls.
+const daemonOpsMetric = "grouped_snapshotter_operation_duration_seconds"
+
+// daemonCalls reads the installed daemon's calls so far by operation.
+func (st *densityStage) daemonCalls(ctx context.Context) (map[string]kube.SumCount, error) {
+	text, err := unixGet(ctx, st.nodeMetrics, "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("the daemon's metrics: %w", err)
+	}
+	calls := kube.ParseSumsByLabel(text, daemonOpsMetric, "operation")
+	if len(calls) == 0 {
+		return nil, fmt.Errorf("the daemon's metrics have no %s", daemonOpsMetric)
+	}
+	return calls, nil
+}
+
+// profileSockets are the profiling sockets of containerd and of c's
+// daemon, if it has one and serves them.
+func (st *densityStage) profileSockets(c DensityContender) map[string]string {
+	sockets := map[string]string{"containerd": st.env.Containerd.DebugAddress}
+	if st.installedDaemon(c) {
+		sockets["daemon"] = st.nodePprof
+	}
+	for _, p := range st.proxies {
+		if p.snapshotter == c.Snapshotter && p.pprof != "" {
+			sockets["daemon"] = p.pprof
+		}
+	}
+	return sockets
 }
 
 // mappedParents counts the mapped parents of both grouped daemons.
@@ -848,6 +910,12 @@ func syscallNote(r DensityRow) string {
 	if r.TraceErr != "" {
 		s += "; TRACE CHECK FAILED: " + r.TraceErr
 	}
+	for _, p := range r.Profiles {
+		s += fmt.Sprintf("; profiled %s %.1f CPU s", p.Process, p.Seconds)
+	}
+	if r.ProfileErr != "" {
+		s += "; PROFILE FAILED: " + r.ProfileErr
+	}
 	return s
 }
 
@@ -877,9 +945,26 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		return err
 	}
 	var (
-		trace   *harness.MountTrace
-		sampler *mountSampler
+		trace    *harness.MountTrace
+		sampler  *mountSampler
+		profiles *profiler
 	)
+	var calls0 map[string]kube.SumCount
+	if row.Observed && st.profile && st.installedDaemon(c) {
+		if calls0, err = st.daemonCalls(ctx); err != nil {
+			return err
+		}
+	}
+	if row.Observed && st.profile {
+		// Chunks of 20 s: the last one outlasts the run by at most that,
+		// and each costs the process a profile's encoding.
+		profiles = startProfiler(ctx, st.profileSockets(c), 20)
+		defer func() {
+			if profiles != nil {
+				_, _ = profiles.stop()
+			}
+		}()
+	}
 	if row.Observed {
 		tp := []int{st.env.Containerd.PID(), st.node.PID()}
 		for _, p := range st.proxies {
@@ -936,6 +1021,31 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		return err
 	}
 	row.ContainerdCPU, row.KubeletCPU, row.SnapshotterCPU = cpu1[0]-cpu0[0], cpu1[1]-cpu0[1], cpu1[2]-cpu0[2]
+	if calls0 != nil {
+		calls1, err := st.daemonCalls(ctx)
+		if err != nil {
+			return err
+		}
+		row.DaemonCalls = map[string]kube.SumCount{}
+		for op, v := range calls1 {
+			if d := (kube.SumCount{Sum: v.Sum - calls0[op].Sum, Count: v.Count - calls0[op].Count}); d.Count > 0 {
+				row.DaemonCalls[op] = d
+			}
+		}
+	}
+	if profiles != nil {
+		ps, perr := profiles.stop()
+		profiles = nil
+		if perr != nil {
+			// Recorded; the run's other figures stand.
+			row.ProfileErr = shortError(perr)
+		}
+		for _, process := range []string{"containerd", "daemon"} {
+			if p, ok := ps[process]; ok {
+				row.Profiles = append(row.Profiles, p)
+			}
+		}
+	}
 	metrics1, err := st.cluster.KubeletMetrics(ctx)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -82,46 +83,60 @@ func groupOf(stack []string) string {
 	return profileOther
 }
 
-// PullProfile is one process's CPU over one profiled pull, seconds by
+// ProcessProfile is one process's CPU over a profiled span, seconds by
 // function group.
-type PullProfile struct {
-	Version, Contender string
-	Layers, Rep        int
+type ProcessProfile struct {
 	// Process is "containerd" or "daemon".
 	Process string
 	Seconds float64
 	Groups  map[string]float64
 }
 
+// PullProfile is one process's CPU over one profiled pull.
+type PullProfile struct {
+	Version, Contender string
+	Layers, Rep        int
+	ProcessProfile
+}
+
 // cpuProfile fetches a CPU profile of seconds from the /debug/pprof/
 // endpoints served on a unix socket.
 func cpuProfile(ctx context.Context, socket string, seconds int) (*profile.Profile, error) {
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://pprof/debug/pprof/profile?seconds=%d", seconds), nil)
+	data, err := unixGet(ctx, socket, fmt.Sprintf("/debug/pprof/profile?seconds=%d", seconds))
 	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("CPU profile from %s: %w", socket, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("CPU profile from %s: %w", socket, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("CPU profile from %s: %s: %s", socket, resp.Status, strings.TrimSpace(string(data)))
+		return nil, fmt.Errorf("CPU profile: %w", err)
 	}
 	p, err := profile.ParseData(data)
 	if err != nil {
 		return nil, fmt.Errorf("CPU profile from %s: %w", socket, err)
 	}
 	return p, nil
+}
+
+// unixGet GETs path from the HTTP server on a unix socket.
+func unixGet(ctx context.Context, socket, path string) ([]byte, error) {
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+	defer client.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://unix"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s from %s: %w", path, socket, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s from %s: %w", path, socket, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s from %s: %s: %s", path, socket, resp.Status, strings.TrimSpace(string(data)))
+	}
+	return data, nil
 }
 
 // groupProfile sums a CPU profile's samples by function group, seconds.
@@ -157,65 +172,93 @@ func groupProfile(p *profile.Profile) (map[string]float64, float64, error) {
 	return groups, total, nil
 }
 
-// profilePull pulls ref into env while containerd and the snapshotter
-// daemon (if any) are profiled for window seconds, which must outlast the
-// pull: the rest of the window is idle and adds no sample.
-func profilePull(ctx context.Context, env *harness.Env, ref string, window int) (map[string]PullProfile, time.Duration, error) {
-	type result struct {
-		process string
-		p       *profile.Profile
-		err     error
-	}
-	sockets := map[string]string{"containerd": env.Containerd.DebugAddress}
-	if env.Snapshotter != nil && env.Snapshotter.PprofAddress != "" {
-		sockets["daemon"] = env.Snapshotter.PprofAddress
-	}
-	ch := make(chan result, len(sockets))
+// profiler takes back-to-back CPU profiles of chunk seconds of each
+// process (name to its /debug/pprof/ socket) until stop: a span of any
+// length is covered without knowing it in advance, and what follows its
+// end is at most one chunk.
+type profiler struct {
+	stopping chan struct{}
+	done     chan profilerResult
+	n        int
+}
+
+type profilerResult struct {
+	profile ProcessProfile
+	err     error
+}
+
+func startProfiler(ctx context.Context, sockets map[string]string, chunk int) *profiler {
+	p := &profiler{stopping: make(chan struct{}), done: make(chan profilerResult, len(sockets)), n: len(sockets)}
 	for process, socket := range sockets {
 		go func() {
-			p, err := cpuProfile(ctx, socket, window)
-			ch <- result{process, p, err}
+			out := ProcessProfile{Process: process, Groups: map[string]float64{}}
+			for {
+				prof, err := cpuProfile(ctx, socket, chunk)
+				if err != nil {
+					p.done <- profilerResult{err: fmt.Errorf("%s: %w", process, err)}
+					return
+				}
+				groups, total, err := groupProfile(prof)
+				if err != nil {
+					p.done <- profilerResult{err: fmt.Errorf("%s: %w", process, err)}
+					return
+				}
+				for g, v := range groups {
+					out.Groups[g] += v
+				}
+				out.Seconds += total
+				select {
+				case <-p.stopping:
+					p.done <- profilerResult{profile: out}
+					return
+				default:
+				}
+			}
 		}()
 	}
 	// The profiles start as the requests arrive.
 	time.Sleep(200 * time.Millisecond)
-	t0 := time.Now()
-	perr := env.Pull(ctx, ref)
-	took := time.Since(t0)
-	out := map[string]PullProfile{}
+	return p
+}
+
+// stop waits for the chunks under way and returns each process's profile.
+func (p *profiler) stop() (map[string]ProcessProfile, error) {
+	close(p.stopping)
+	out := map[string]ProcessProfile{}
 	var errs []error
-	for range sockets {
-		r := <-ch
+	for range p.n {
+		r := <-p.done
 		if r.err != nil {
 			errs = append(errs, r.err)
 			continue
 		}
-		groups, total, err := groupProfile(r.p)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", r.process, err))
-			continue
-		}
-		out[r.process] = PullProfile{Process: r.process, Seconds: total, Groups: groups}
+		out[r.profile.Process] = r.profile
 	}
-	if perr != nil {
-		errs = append(errs, perr)
-	}
-	if took.Seconds()+0.5 > float64(window) {
-		errs = append(errs, fmt.Errorf("the pull took %s, longer than the profiles' window of %d s", took.Round(time.Millisecond), window))
-	}
-	if len(errs) > 0 {
-		return nil, took, fmt.Errorf("profiled pull: %v", errs)
-	}
-	return out, took, nil
+	return out, errors.Join(errs...)
 }
 
-// profileWindow is the profiles' window for a pull whose timed repetitions
-// took these seconds: half as long again, and 2 s more.
-func profileWindow(seconds []float64) int {
-	if len(seconds) == 0 {
-		return 60
+// profileSockets are the profiling sockets of env's containerd and
+// snapshotter daemon (if it serves them).
+func profileSockets(env *harness.Env) map[string]string {
+	sockets := map[string]string{"containerd": env.Containerd.DebugAddress}
+	if env.Snapshotter != nil && env.Snapshotter.PprofAddress != "" {
+		sockets["daemon"] = env.Snapshotter.PprofAddress
 	}
-	return int(math.Ceil(Summarize(seconds).Median*1.5)) + 2
+	return sockets
+}
+
+// profilePull pulls ref into env while containerd and the snapshotter
+// daemon (if any) are profiled in chunks of a second.
+func profilePull(ctx context.Context, env *harness.Env, ref string) (map[string]ProcessProfile, time.Duration, error) {
+	p := startProfiler(ctx, profileSockets(env), 1)
+	t0 := time.Now()
+	perr := env.Pull(ctx, ref)
+	took := time.Since(t0)
+	out, err := p.stop()
+	if err = errors.Join(perr, err); err != nil {
+		return nil, took, fmt.Errorf("profiled pull: %w", err)
+	}
+	return out, took, nil
 }
 
 // The generated block of docs/benchmarks.md: CPU per pulled layer by

@@ -144,18 +144,12 @@ func runPulls(ctx context.Context, cfg Config, st *stage, registry *harness.Regi
 					continue
 				}
 				env, c := st.envs[i], st.contenders[i]
-				var took []float64
-				for _, r := range res.Pulls {
-					if r.Version == st.version && r.Contender == c.Name && r.Layers == n && r.Err == "" {
-						took = append(took, r.Seconds)
-					}
-				}
-				profiles, d, err := profilePull(ctx, env, ref, profileWindow(took))
+				profiles, d, err := profilePull(ctx, env, ref)
 				if err != nil {
 					return fmt.Errorf("%d layers, %s: %w", n, c.Name, err)
 				}
-				for _, p := range profiles {
-					p.Version, p.Contender, p.Layers, p.Rep = st.version, c.Name, n, rep
+				for _, pp := range profiles {
+					p := PullProfile{Version: st.version, Contender: c.Name, Layers: n, Rep: rep, ProcessProfile: pp}
 					res.PullProfiles = append(res.PullProfiles, p)
 					st.logf("profiled pull %s %d layers %s rep %d (%s): %s used %.2f CPU s", st.version, n, c.Name, rep, d.Round(time.Millisecond), p.Process, p.Seconds)
 				}

@@ -45,6 +45,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{MountLockBegin, MountLockEnd, MountLock},
 		{InstallModesBegin, InstallModesEnd, InstallModes},
 		{ProfileBegin, ProfileEnd, PullProfiles},
+		{DensityProfileBegin, DensityProfileEnd, DensityProfiles},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

@@ -183,7 +183,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 		if density != nil {
 			res.MergeDensity(density)
 		}
-		merges := map[string]func(*Results){HandlerFile: res.MergeHandler}
+		merges := map[string]func(*Results){HandlerFile: res.MergeHandler, CRIFile: res.MergeCRI}
 		if doc == benchmarks {
 			merges[MountLockFile], merges[LockStressFile], merges[ProfileFile] = res.MergeMountLock, res.MergeLockStress, res.MergeProfile
 		}
@@ -198,7 +198,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, InstallModesBegin} {
+		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin} {
 			if strings.Contains(string(old), marker) {
 				blocks[marker] = append(blocks[marker], doc)
 			}
@@ -213,7 +213,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 		}
 	}
 	want := map[string][]string{HeadlineBegin: {readme}, InstallModesBegin: {readme, benchmarks}}
-	for _, m := range []string{ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin} {
+	for _, m := range []string{ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin} {
 		want[m] = []string{benchmarks}
 	}
 	for _, docs := range blocks {

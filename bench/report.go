@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Markdown renders the results file: machine, method, one table per
@@ -570,6 +571,54 @@ func writeAPI(b *strings.Builder, res *Results) {
 	}
 	b.WriteString("\n")
 	writeAPICPU(b, res)
+	writeAPIWait(b, res)
+}
+
+// apiMedian is the median over contender's timed repetitions of op of
+// measure, µs.
+func apiMedian(rows []APIRow, contender, op string, measure func(APIRow) time.Duration) float64 {
+	var v []float64
+	for _, r := range rows {
+		if r.Contender == contender && r.Op == op && r.Mean > 0 {
+			v = append(v, float64(measure(r).Nanoseconds())/1000)
+		}
+	}
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	return Summarize(v).Median
+}
+
+// writeAPIWait sets a call's mean latency beside what the daemon's
+// threads did over it (issue 37, item 3): time on a CPU, time ready but
+// waiting for one, and how many times one was put on a CPU (its
+// hand-offs and wake-ups).
+func writeAPIWait(b *strings.Builder, res *Results) {
+	control := Contenders[3].Name
+	if math.IsNaN(apiMedian(res.API, control, opPrepare, func(r APIRow) time.Duration { return r.Mean })) {
+		return
+	}
+	b.WriteString("What the daemon's threads did during a call (`/proc/PID/task/*/schedstat`), beside the call's mean latency at the client, µs: time on a CPU, time ready to run but waiting for a CPU (queueing, and a halted CPU waking up), and how many times a thread was put on a CPU (each a hand-off or wake-up). The first two are summed over threads that run or wait side by side, so either can exceed the latency; the span is from just before the call to just after its answer. Each the mean over a repetition's calls, median over repetitions.\n\n")
+	for _, c := range []string{Grouped, control} {
+		fmt.Fprintf(b, "%s:\n\n| operation | mean latency | daemon on a CPU | daemon waiting for a CPU | daemon threads put on a CPU |\n|---|---|---|---|---|\n", c)
+		for _, op := range APIOps {
+			mean := apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.Mean })
+			if math.IsNaN(mean) {
+				continue
+			}
+			var runs []float64
+			for _, r := range res.API {
+				if r.Contender == c && r.Op == op && r.Mean > 0 {
+					runs = append(runs, r.Runs)
+				}
+			}
+			fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.1f |\n", op, mean,
+				apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.CPU }),
+				apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.Wait }),
+				Summarize(runs).Median)
+		}
+		b.WriteString("\n")
+	}
 }
 
 // apiCPU returns contender's daemon CPU per call of op in µs, one value

@@ -272,7 +272,7 @@ func TestInstallScriptCustomPaths(t *testing.T) {
 	flags := []string{"--host-root", host, "--no-start", "--containerd-config", "/opt/ctrd/config.toml",
 		"--root", "/data/gs", "--socket", "/run/gs/gs.sock", "--bin-dir", "/opt/bin", "--config-file", "/opt/etc/gs.toml",
 		"--containerd-address", "/run/k3s/containerd/containerd.sock"}
-	runInstall(t, append([]string{"install", "--binary", bin}, flags...)...)
+	runInstall(t, append([]string{"install", "--binary", bin, "--daemon-flags", "--pprof-address unix:///run/gs/pprof.sock"}, flags...)...)
 	dropin, err := os.ReadFile(filepath.Join(host, "opt/ctrd/conf.d/grouped-snapshotter.toml"))
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +289,7 @@ func TestInstallScriptCustomPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "ExecStart=/opt/bin/grouped-snapshotter serve --config /opt/etc/gs.toml --root /data/gs --address /run/gs/gs.sock --containerd-address /run/k3s/containerd/containerd.sock\n"; !strings.Contains(string(unit), want) {
+	if want := "ExecStart=/opt/bin/grouped-snapshotter serve --config /opt/etc/gs.toml --root /data/gs --address /run/gs/gs.sock --containerd-address /run/k3s/containerd/containerd.sock --pprof-address unix:///run/gs/pprof.sock\n"; !strings.Contains(string(unit), want) {
 		t.Errorf("unit lacks %q:\n%s", want, unit)
 	}
 	for _, f := range []string{"opt/bin/grouped-snapshotter", "opt/etc/gs.toml"} {
@@ -324,6 +324,7 @@ func TestInstallScriptRefusesBadOptions(t *testing.T) {
 		{[]string{"--containerd-config"}, "--containerd-config needs a value"},
 		{[]string{"--runtime-handler"}, "--runtime-handler needs a value"},
 		{[]string{"--cri", "--runtime-handler", "grouped", "--no-start"}, "choose one"},
+		{[]string{"--daemon-flags", "--log-level debug#x", "--no-start"}, "--daemon-flags --log-level debug#x"},
 		// No systemd and no way to restart containerd: refuse up front.
 		{[]string{"--service-manager", "none"}, "--containerd-restart"},
 	} {

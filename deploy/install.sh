@@ -73,13 +73,17 @@
 #                       where the daemon keeps its data, serves, is
 #                       installed, reads its config and (without systemd)
 #                       logs
+# --daemon-flags FLAGS  more flags for the daemon, space-separated words
+#                       without quotes, e.g. "--pprof-address
+#                       unix:///run/grouped-snapshotter/pprof.sock" to
+#                       profile it on the node
 #
 # Every option except --binary, --cri, --no-start, --import, --export and --purge can
 # also be given in the environment (GS_RUNTIME_HANDLER, GS_CONTAINERD_BIN,
 # GS_HOST_ROOT, GS_HOST_PID,
 # GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
 # GS_CONTAINERD_ADDRESS, GS_EXPORT_NAMESPACES, GS_ROOT, GS_SOCKET,
-# GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE), which is how the DaemonSet keeps
+# GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE, GS_DAEMON_FLAGS), which is how the DaemonSet keeps
 # install, supervise and an uninstall run through `kubectl exec` in step.
 # All paths are host paths.
 #
@@ -105,6 +109,7 @@ CONFIG_FILE=${GS_CONFIG_FILE:-/etc/grouped-snapshotter/config.toml}
 LOG_FILE=${GS_LOG_FILE:-/var/log/grouped-snapshotter.log}
 CONTAINERD_ADDRESS=${GS_CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
 EXPORT_NAMESPACES=${GS_EXPORT_NAMESPACES:-k8s.io}
+DAEMON_FLAGS=${GS_DAEMON_FLAGS:-}
 EXPORT=0
 IMPORT=0
 BINARY=
@@ -135,6 +140,7 @@ while [ $# -gt 0 ]; do
 	--bin-dir) need "$@"; BIN_DIR=$2; shift 2 ;;
 	--config-file) need "$@"; CONFIG_FILE=$2; shift 2 ;;
 	--log-file) need "$@"; LOG_FILE=$2; shift 2 ;;
+	--daemon-flags) need "$@"; DAEMON_FLAGS=$2; shift 2 ;;
 	*) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -146,6 +152,8 @@ if [ -n "$RUNTIME_HANDLER" ] && [ "$CRI" = 1 ]; then
 	echo "install.sh: --runtime-handler keeps CRI's default snapshotter and --cri replaces it: choose one" >&2
 	exit 2
 fi
+# The flags go into the unit's ExecStart by sed and to the daemon as words.
+case "$DAEMON_FLAGS" in *[\#\&\\\"\'\`\$]*) echo "install.sh: --daemon-flags $DAEMON_FLAGS: only plain words, without # & \\ quotes or \$" >&2; exit 2 ;; esac
 case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
 case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
 
@@ -195,6 +203,7 @@ daemon_args() {
 	[ "$SOCKET" = /run/grouped-snapshotter/grouped-snapshotter.sock ] || args="$args --address $SOCKET"
 	# idmap = "auto" asks containerd's release here.
 	[ "$CONTAINERD_ADDRESS" = /run/containerd/containerd.sock ] || args="$args --containerd-address $CONTAINERD_ADDRESS"
+	[ -z "$DAEMON_FLAGS" ] || args="$args $DAEMON_FLAGS"
 	echo "$args"
 }
 

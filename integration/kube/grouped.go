@@ -45,8 +45,9 @@ type GroupedNode struct {
 // env's containerd (which must import its conf.d: harness.Options
 // ContainerdImports) so that it loads the drop-in. The installed config is
 // the shipped config.toml.example, as on a fresh node; install.sh hands the
-// daemon the Env's containerd socket (GS_CONTAINERD_ADDRESS).
-func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...any)) (_ *GroupedNode, err error) {
+// daemon the Env's containerd socket (GS_CONTAINERD_ADDRESS), and
+// daemonFlags (install.sh --daemon-flags).
+func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...any), daemonFlags ...string) (_ *GroupedNode, err error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
@@ -87,7 +88,11 @@ func InstallGrouped(ctx context.Context, env *harness.Env, logf func(string, ...
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/grouped-snapshotter: %w\n%s", err, out)
 	}
-	out, err := g.installer(ctx, "install", "--cri", "--binary", bin)
+	args := []string{"install", "--cri", "--binary", bin}
+	if len(daemonFlags) > 0 {
+		args = append(args, "--daemon-flags", strings.Join(daemonFlags, " "))
+	}
+	out, err := g.installer(ctx, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,7 @@ func run() error {
 	lockStressResults := flag.String("lockstress-results", "", "with -render: also show the mount-lock stress of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.LockStressFile+")")
 	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
 	profileResults := flag.String("profile-results", "", "with -render: also show the profiled pulls of this JSON file in the function-group block (make bench-readme passes results/"+bench.ProfileFile+")")
+	criResults := flag.String("cri-results", "", "with -render: also show the profiled density run of grouped as CRI's snapshotter of this JSON file in the install-modes and density function-group blocks (make bench-readme passes results/"+bench.CRIFile+")")
 	handlerResults := flag.String("handler-results", "", "with -render: also show the runtime-handler density run of this JSON file in the install-modes block (make bench-readme passes results/"+bench.HandlerFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
@@ -61,6 +62,7 @@ func run() error {
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	reps := flag.Int("reps", 0, "repetitions of the other comparisons, e.g. the API latencies (default: the configuration's; at least 3)")
 	profilePulls := flag.Int("profile-pulls", 0, "profiled pulls per contender and image after the timed ones: containerd's and the daemon's CPU by function group (issue 37)")
+	profileDensity := flag.Bool("profile-density", false, "scenario 7's observed runs also profile containerd and the contender's daemon: CPU per pod by function group (issue 37)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
 	burstReps := flag.Int("burst-reps", 0, "timed repetitions of every burst (default: the configuration's)")
@@ -95,7 +97,7 @@ func run() error {
 		for _, m := range []struct {
 			path  string
 			merge func(*bench.Results)
-		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}, {*profileResults, res.MergeProfile}} {
+		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}, {*profileResults, res.MergeProfile}, {*criResults, res.MergeCRI}} {
 			if m.path == "" {
 				continue
 			}
@@ -231,6 +233,9 @@ func run() error {
 	}
 	if *profilePulls > 0 {
 		cfg.ProfilePulls = *profilePulls
+	}
+	if *profileDensity {
+		cfg.ProfileDensity = true
 	}
 	if *pullReps > 0 {
 		cfg.PullReps = *pullReps
