@@ -1026,12 +1026,7 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		if err != nil {
 			return err
 		}
-		row.DaemonCalls = map[string]kube.SumCount{}
-		for op, v := range calls1 {
-			if d := (kube.SumCount{Sum: v.Sum - calls0[op].Sum, Count: v.Count - calls0[op].Count}); d.Count > 0 {
-				row.DaemonCalls[op] = d
-			}
-		}
+		row.DaemonCalls = sumsSince(calls0, calls1)
 	}
 	if profiles != nil {
 		ps, perr := profiles.stop()
@@ -1055,13 +1050,8 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		return err
 	}
 	row.KubeletSLI = hist1.Sub(hist0)
-	ops0 := kube.ParseSumsByLabel(metrics0, kube.KubeletRuntimeOpsMetric, "operation_type")
-	row.CRIOps = map[string]kube.SumCount{}
-	for op, v := range kube.ParseSumsByLabel(metrics1, kube.KubeletRuntimeOpsMetric, "operation_type") {
-		if d := (kube.SumCount{Sum: v.Sum - ops0[op].Sum, Count: v.Count - ops0[op].Count}); d.Count > 0 {
-			row.CRIOps[op] = d
-		}
-	}
+	row.CRIOps = sumsSince(kube.ParseSumsByLabel(metrics0, kube.KubeletRuntimeOpsMetric, "operation_type"),
+		kube.ParseSumsByLabel(metrics1, kube.KubeletRuntimeOpsMetric, "operation_type"))
 	for _, d := range run.SLOLatencies() {
 		row.SLO = append(row.SLO, roundMS(d))
 	}
@@ -1091,6 +1081,18 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 		}
 	}
 	return nil
+}
+
+// sumsSince is what histograms by label gained from before to after: the
+// labels with at least one observation in between.
+func sumsSince(before, after map[string]kube.SumCount) map[string]kube.SumCount {
+	out := map[string]kube.SumCount{}
+	for k, v := range after {
+		if d := (kube.SumCount{Sum: v.Sum - before[k].Sum, Count: v.Count - before[k].Count}); d.Count > 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 // checkDensityTrace checks an observed run's trace both ways: at least

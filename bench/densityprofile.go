@@ -71,32 +71,34 @@ func DensityProfiles(res *Results) string {
 				fmt.Fprintf(&b, " %s |", c.title)
 			}
 			b.WriteString(" containerd: grouped − overlayfs |\n|---|" + strings.Repeat("---|", len(columns)+1) + "\n")
-			row := func(name string, measure func(ProcessProfile) float64) {
+			// row writes one line of cell(contender, process), ms per pod.
+			row := func(name string, cell func(contender, process string) float64) {
 				fmt.Fprintf(&b, "| %s |", name)
 				for _, c := range columns {
-					fmt.Fprintf(&b, " %s |", oneDecimal(densityProfile(run, v, c.contender, w, c.process, measure)))
+					fmt.Fprintf(&b, " %s |", oneDecimal(cell(c.contender, c.process)))
 				}
-				d := densityProfile(run, v, DensityGrouped, w, "containerd", measure) - densityProfile(run, v, OverlayfsName, w, "containerd", measure)
-				fmt.Fprintf(&b, " %s |\n", signedTenth(d))
+				fmt.Fprintf(&b, " %s |\n", signedTenth(cell(DensityGrouped, "containerd")-cell(OverlayfsName, "containerd")))
+			}
+			profiled := func(measure func(ProcessProfile) float64) func(string, string) float64 {
+				return func(contender, process string) float64 {
+					return densityProfile(run, v, contender, w, process, measure)
+				}
 			}
 			for _, g := range profileGroupNames() {
-				row(g, func(p ProcessProfile) float64 { return p.Groups[g] })
+				row(g, profiled(func(p ProcessProfile) float64 { return p.Groups[g] }))
 			}
-			row("**all, profiled**", func(p ProcessProfile) float64 { return p.Seconds })
-			measured := func(contender, process string) float64 {
-				for _, r := range densityRows(run, v, contender, w, true) {
-					if process == "daemon" {
-						return r.SnapshotterCPU * 1000 / float64(w.Pods)
-					}
-					return r.ContainerdCPU * 1000 / float64(w.Pods)
+			row("**all, profiled**", profiled(func(p ProcessProfile) float64 { return p.Seconds }))
+			row("all, counted by the kernel", func(contender, process string) float64 {
+				rows := densityRows(run, v, contender, w, true)
+				if len(rows) == 0 {
+					return math.NaN()
 				}
-				return math.NaN()
-			}
-			b.WriteString("| all, counted by the kernel |")
-			for _, c := range columns {
-				fmt.Fprintf(&b, " %s |", oneDecimal(measured(c.contender, c.process)))
-			}
-			fmt.Fprintf(&b, " %s |\n\n", signedTenth(measured(DensityGrouped, "containerd")-measured(OverlayfsName, "containerd")))
+				if process == "daemon" {
+					return rows[0].SnapshotterCPU * 1000 / float64(w.Pods)
+				}
+				return rows[0].ContainerdCPU * 1000 / float64(w.Pods)
+			})
+			b.WriteString("\n")
 			writeDaemonCalls(&b, densityRows(run, v, DensityGrouped, w, true), w)
 		}
 	}

@@ -178,8 +178,8 @@ func groupProfile(p *profile.Profile) (map[string]float64, float64, error) {
 // end is at most one chunk.
 type profiler struct {
 	stopping chan struct{}
-	done     chan profilerResult
-	n        int
+	// done has room for one result per process.
+	done chan profilerResult
 }
 
 type profilerResult struct {
@@ -188,17 +188,19 @@ type profilerResult struct {
 }
 
 func startProfiler(ctx context.Context, sockets map[string]string, chunk int) *profiler {
-	p := &profiler{stopping: make(chan struct{}), done: make(chan profilerResult, len(sockets)), n: len(sockets)}
+	p := &profiler{stopping: make(chan struct{}), done: make(chan profilerResult, len(sockets))}
 	for process, socket := range sockets {
 		go func() {
 			out := ProcessProfile{Process: process, Groups: map[string]float64{}}
 			for {
 				prof, err := cpuProfile(ctx, socket, chunk)
-				if err != nil {
-					p.done <- profilerResult{err: fmt.Errorf("%s: %w", process, err)}
-					return
+				var (
+					groups map[string]float64
+					total  float64
+				)
+				if err == nil {
+					groups, total, err = groupProfile(prof)
 				}
-				groups, total, err := groupProfile(prof)
 				if err != nil {
 					p.done <- profilerResult{err: fmt.Errorf("%s: %w", process, err)}
 					return
@@ -226,7 +228,7 @@ func (p *profiler) stop() (map[string]ProcessProfile, error) {
 	close(p.stopping)
 	out := map[string]ProcessProfile{}
 	var errs []error
-	for range p.n {
+	for range cap(p.done) {
 		r := <-p.done
 		if r.err != nil {
 			errs = append(errs, r.err)

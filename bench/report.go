@@ -575,12 +575,12 @@ func writeAPI(b *strings.Builder, res *Results) {
 }
 
 // apiMedian is the median over contender's timed repetitions of op of
-// measure, µs.
-func apiMedian(rows []APIRow, contender, op string, measure func(APIRow) time.Duration) float64 {
+// measure (rows from before Mean was recorded left out).
+func apiMedian(rows []APIRow, contender, op string, measure func(APIRow) float64) float64 {
 	var v []float64
 	for _, r := range rows {
 		if r.Contender == contender && r.Op == op && r.Mean > 0 {
-			v = append(v, float64(measure(r).Nanoseconds())/1000)
+			v = append(v, measure(r))
 		}
 	}
 	if len(v) == 0 {
@@ -595,27 +595,25 @@ func apiMedian(rows []APIRow, contender, op string, measure func(APIRow) time.Du
 // hand-offs and wake-ups).
 func writeAPIWait(b *strings.Builder, res *Results) {
 	control := Contenders[3].Name
-	if math.IsNaN(apiMedian(res.API, control, opPrepare, func(r APIRow) time.Duration { return r.Mean })) {
+	µs := func(d func(APIRow) time.Duration) func(APIRow) float64 {
+		return func(r APIRow) float64 { return float64(d(r).Nanoseconds()) / 1000 }
+	}
+	mean := µs(func(r APIRow) time.Duration { return r.Mean })
+	if math.IsNaN(apiMedian(res.API, control, opPrepare, mean)) {
 		return
 	}
 	b.WriteString("What the daemon's threads did during a call (`/proc/PID/task/*/schedstat`), beside the call's mean latency at the client, µs: time on a CPU, time ready to run but waiting for a CPU (queueing, and a halted CPU waking up), and how many times a thread was put on a CPU (each a hand-off or wake-up). The first two are summed over threads that run or wait side by side, so either can exceed the latency; the span is from just before the call to just after its answer. Each the mean over a repetition's calls, median over repetitions.\n\n")
 	for _, c := range []string{Grouped, control} {
 		fmt.Fprintf(b, "%s:\n\n| operation | mean latency | daemon on a CPU | daemon waiting for a CPU | daemon threads put on a CPU |\n|---|---|---|---|---|\n", c)
 		for _, op := range APIOps {
-			mean := apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.Mean })
-			if math.IsNaN(mean) {
+			m := apiMedian(res.API, c, op, mean)
+			if math.IsNaN(m) {
 				continue
 			}
-			var runs []float64
-			for _, r := range res.API {
-				if r.Contender == c && r.Op == op && r.Mean > 0 {
-					runs = append(runs, r.Runs)
-				}
-			}
-			fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.1f |\n", op, mean,
-				apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.CPU }),
-				apiMedian(res.API, c, op, func(r APIRow) time.Duration { return r.Wait }),
-				Summarize(runs).Median)
+			fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f | %.1f |\n", op, m,
+				apiMedian(res.API, c, op, µs(func(r APIRow) time.Duration { return r.CPU })),
+				apiMedian(res.API, c, op, µs(func(r APIRow) time.Duration { return r.Wait })),
+				apiMedian(res.API, c, op, func(r APIRow) float64 { return r.Runs }))
 		}
 		b.WriteString("\n")
 	}
