@@ -172,9 +172,23 @@ func TestDensityProfilesBlock(t *testing.T) {
 	doc := "x\n" + DensityProfileBegin + "\nold\n" + DensityProfileEnd + "\n"
 	latest := &Results{Config: Headline(), Started: time.Unix(0, 0)}
 	wantLines(t, rendered(t, doc, latest), "No profiled density run yet")
+	// A second release's run, merged first, is shown after the older one.
+	later := *run
+	later.Config.Name, later.Config.Versions, later.Started = "density-cri-v242", []string{harness.ContainerdV2_4}, time.Unix(86400, 0)
+	later.Density = nil
+	for _, r := range run.Density {
+		r.Version = harness.ContainerdV2_4
+		later.Density = append(later.Density, r)
+	}
+	latest.MergeCRI(&later)
 	latest.MergeCRI(run)
-	wantLines(t, rendered(t, doc, latest),
-		"Run `density-cri` of 1970-01-01",
+	both := rendered(t, doc, latest)
+	first, second := strings.Index(both, "Run `density-cri` of 1970-01-01:"), strings.Index(both, "Run `density-cri-v242` of 1970-01-02:")
+	if first < 0 || second < first || !strings.Contains(both[second:], "containerd v2.4.2, 100 plain pods, 50 layers:") {
+		t.Errorf("want the v2.0.5 run's tables, then the v2.4.2 run's:\n%s", both)
+	}
+	wantLines(t, both,
+		"Run `density-cri` of 1970-01-01:",
 		"containerd v2.0.5, 100 plain pods, 50 layers:",
 		"| function group | containerd, overlayfs (in process) | containerd, grouped (CRI's snapshotter) | grouped's daemon | containerd: grouped − overlayfs |",
 		"| gRPC and protobuf | 50.0 | 80.0 | 10.0 | +30.0 |",

@@ -183,7 +183,10 @@ func TestBenchREADMECurrent(t *testing.T) {
 		if density != nil {
 			res.MergeDensity(density)
 		}
-		merges := map[string]func(*Results){HandlerFile: res.MergeHandler, CRIFile: res.MergeCRI}
+		merges := map[string]func(*Results){HandlerFile: res.MergeHandler}
+		for _, f := range CRIFiles {
+			merges[f] = res.MergeCRI
+		}
 		if doc == benchmarks {
 			merges[MountLockFile], merges[LockStressFile], merges[ProfileFile] = res.MergeMountLock, res.MergeLockStress, res.MergeProfile
 		}

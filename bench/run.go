@@ -54,8 +54,8 @@ type Results struct {
 	handlerRun *Results
 	// profileRun holds the profiled pulls of MergeProfile.
 	profileRun *Results
-	// criRun holds the profiled density run of MergeCRI.
-	criRun *Results
+	// criRuns hold the profiled density runs of MergeCRI, oldest first.
+	criRuns []*Results
 	// Done are the units the run finished, Parts the processes that ran
 	// it (one, unless it was resumed): see Resume.
 	Done  []string `json:",omitempty"`

@@ -41,7 +41,7 @@ func run() error {
 	lockStressResults := flag.String("lockstress-results", "", "with -render: also show the mount-lock stress of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.LockStressFile+")")
 	mountLockResults := flag.String("mountlock-results", "", "with -render: also show the timed bursts of this JSON file in the mount-lock block (make bench-readme passes results/"+bench.MountLockFile+")")
 	profileResults := flag.String("profile-results", "", "with -render: also show the profiled pulls of this JSON file in the function-group block (make bench-readme passes results/"+bench.ProfileFile+")")
-	criResults := flag.String("cri-results", "", "with -render: also show the profiled density run of grouped as CRI's snapshotter of this JSON file in the install-modes and density function-group blocks (make bench-readme passes results/"+bench.CRIFile+")")
+	criResults := flag.String("cri-results", "", "with -render: also show the profiled density runs of grouped as CRI's snapshotter of these comma-separated JSON files in the install-modes and density function-group blocks (make bench-readme passes results/"+strings.Join(bench.CRIFiles, ",results/")+")")
 	handlerResults := flag.String("handler-results", "", "with -render: also show the runtime-handler density run of this JSON file in the install-modes block (make bench-readme passes results/"+bench.HandlerFile+")")
 	densityResults := flag.String("density-results", "", "with -render: also show the density scenario of this JSON file where the rendered results have none (make bench-readme passes results/density.json)")
 	a := flag.String("a", "", "A/B: compare grouped view built from this git commit (build A) with build B (-b, -binary or the working tree), interleaved, in bursts and pulls (make bench-ab)")
@@ -94,10 +94,15 @@ func run() error {
 		}
 		// Other runs' results shown beside these: a file that does not
 		// exist (no such run yet) is skipped.
-		for _, m := range []struct {
+		type merge struct {
 			path  string
 			merge func(*bench.Results)
-		}{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}, {*profileResults, res.MergeProfile}, {*criResults, res.MergeCRI}} {
+		}
+		merges := []merge{{*densityResults, res.MergeDensity}, {*mountLockResults, res.MergeMountLock}, {*lockStressResults, res.MergeLockStress}, {*handlerResults, res.MergeHandler}, {*profileResults, res.MergeProfile}}
+		for _, path := range strings.Split(*criResults, ",") {
+			merges = append(merges, merge{path, res.MergeCRI})
+		}
+		for _, m := range merges {
 			if m.path == "" {
 				continue
 			}
