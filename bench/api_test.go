@@ -11,7 +11,7 @@ import (
 // one and put on one, medians over the repetitions.
 func TestAPIWaitSplit(t *testing.T) {
 	res := &Results{Config: Full(), Started: time.Unix(0, 0)}
-	control := Contenders[3].Name
+	control := OverlayProxyName
 	for rep, k := range []time.Duration{1, 2, 3} {
 		for _, c := range []string{Grouped, control} {
 			res.API = append(res.API, APIRow{Contender: c, Rep: rep, Op: opPrepare, N: 10, P50: 90 * time.Microsecond, P99: 200 * time.Microsecond,

@@ -594,7 +594,7 @@ func apiMedian(rows []APIRow, contender, op string, measure func(APIRow) float64
 // waiting for one, and how many times one was put on a CPU (its
 // hand-offs and wake-ups).
 func writeAPIWait(b *strings.Builder, res *Results) {
-	control := Contenders[3].Name
+	control := OverlayProxyName
 	µs := func(d func(APIRow) time.Duration) func(APIRow) float64 {
 		return func(r APIRow) float64 { return float64(d(r).Nanoseconds()) / 1000 }
 	}

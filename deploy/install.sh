@@ -153,7 +153,7 @@ if [ -n "$RUNTIME_HANDLER" ] && [ "$CRI" = 1 ]; then
 	exit 2
 fi
 # The flags go into the unit's ExecStart by sed and to the daemon as words.
-case "$DAEMON_FLAGS" in *[\#\&\\\"\'\`\$]*) echo "install.sh: --daemon-flags $DAEMON_FLAGS: only plain words, without # & \\ quotes or \$" >&2; exit 2 ;; esac
+case "$DAEMON_FLAGS" in *[\#\&\\\"\'\`\$]*) echo "install.sh: --daemon-flags $DAEMON_FLAGS: only plain words, without # & \\ quotes, backticks or \$" >&2; exit 2 ;; esac
 case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
 case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
 
