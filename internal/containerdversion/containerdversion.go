@@ -2,11 +2,31 @@
 // of the daemon. The daemon needs it for one choice: how a user-namespaced
 // container's layers are idmapped (see snapshot.IDMapAuto), since what
 // containerd's own differ reads correctly changed in containerd 2.3.
+//
+// A Client must cost an idle daemon nothing, whether containerd is up, not
+// started yet, stopped, or at a wrong address: left to itself, gRPC keeps
+// reconnecting to a silent socket every second, for ever. So a Client holds
+// a gRPC connection only while containerd answers. Otherwise it waits for
+// containerd's socket to be created (containerd creates it anew at each
+// start, then chmods it once listening), watching the socket's directory
+// with inotify, and asks again on a slow timer, doubling up to 30 s, for
+// what inotify does not tell: a containerd answering late on a socket it
+// has already made, or an inotify instance the kernel refused.
+//
+// While containerd answers, the connection costs nothing (no keepalive) and
+// gRPC's idle timeout is off, so the channel only leaves Ready when the
+// connection breaks. The release is then asked again at once: it is
+// forgotten only when that question fails, never merely because the channel
+// went idle, which would have `auto` give snapshots on containerd 2.3+ a
+// mapped parent whose diffs are wrong there.
 package containerdversion
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +36,7 @@ import (
 	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
@@ -27,20 +48,28 @@ const (
 	// timeout bounds one question: containerd answers Version at once when
 	// it answers at all.
 	timeout = 2 * time.Second
-	// retry is how long a Client waits before asking a connected containerd
-	// again after a failed question.
-	retry = time.Second
+	// firstRetry is the wait before asking again after containerd's socket
+	// came but nobody answered on it, doubling up to lastRetry: it covers
+	// a containerd caught between making its socket and listening on it.
+	// Otherwise, a containerd coming makes its socket, which inotify
+	// reports, so a silent socket is asked again only every lastRetry,
+	// which bounds both what it costs and how late a containerd that
+	// inotify did not report is seen.
+	firstRetry = time.Second
+	lastRetry  = 30 * time.Second
 )
 
 // Client keeps the release of one containerd. It asks in the background,
-// whenever a connection to containerd is made (at start, and again after
-// containerd restarts, maybe upgraded), so that Release never waits for
-// containerd: a snapshot's creation must not queue behind a dead socket.
+// whenever containerd comes (at start, and again after containerd
+// restarts, maybe upgraded), so that Release never waits for containerd: a
+// snapshot's creation must not queue behind a dead socket.
 type Client struct {
 	address string
-	conn    *grpc.ClientConn
-	stop    context.CancelFunc
-	done    chan struct{}
+	// idleTimeout is gRPC's channel idle timeout: 0, never, but for tests
+	// that check that an idle channel keeps the release.
+	idleTimeout time.Duration
+	stop        context.CancelFunc
+	done        chan struct{}
 
 	mu           sync.Mutex
 	known        bool
@@ -51,81 +80,157 @@ type Client struct {
 // New returns a Client for the containerd serving on the unix socket
 // address and starts learning its release; containerd may start later.
 func New(address string) (*Client, error) {
-	conn, err := dial(address)
-	if err != nil {
-		return nil, err
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	c := &Client{address: address, conn: conn, stop: stop, done: make(chan struct{}),
-		err: fmt.Errorf("not connected yet to containerd at %q: %w", address, errdefs.ErrUnavailable)}
-	go c.watch(ctx)
-	return c, nil
+	return newClient(address, 0)
 }
 
-func dial(address string) (*grpc.ClientConn, error) {
+func newClient(address string, idleTimeout time.Duration) (*Client, error) {
 	if !filepath.IsAbs(address) {
 		return nil, fmt.Errorf("containerd address %q must be an absolute socket path: %w", address, errdefs.ErrInvalidArgument)
 	}
-	// A quick reconnect after containerd restarts.
+	ctx, stop := context.WithCancel(context.Background())
+	c := &Client{address: filepath.Clean(address), idleTimeout: idleTimeout, stop: stop, done: make(chan struct{}),
+		err: fmt.Errorf("not connected yet to containerd at %q: %w", address, errdefs.ErrUnavailable)}
+	go c.run(ctx)
+	return c, nil
+}
+
+func dial(address string, idleTimeout time.Duration) (*grpc.ClientConn, error) {
+	if !filepath.IsAbs(address) {
+		return nil, fmt.Errorf("containerd address %q must be an absolute socket path: %w", address, errdefs.ErrInvalidArgument)
+	}
+	// Ask's one wait for a containerd that is starting retries within it.
 	backoffCfg := backoff.DefaultConfig
 	backoffCfg.MaxDelay = time.Second
 	conn, err := grpc.NewClient("unix://"+address,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoffCfg, MinConnectTimeout: timeout}))
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoffCfg, MinConnectTimeout: timeout}),
+		grpc.WithIdleTimeout(idleTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("containerd client for %q: %w", address, err)
 	}
 	return conn, nil
 }
 
-// watch asks containerd for its release each time the connection becomes
-// ready, and forgets the answer when the connection goes: the containerd
-// that comes back may be another release.
-func (c *Client) watch(ctx context.Context) {
+// run learns containerd's release each time containerd comes, until ctx
+// ends.
+func (c *Client) run(ctx context.Context) {
 	defer close(c.done)
-	c.conn.Connect()
+	var created <-chan struct{}
+	if w, err := watchSocket(c.address); err != nil {
+		log.G(ctx).WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", lastRetry)
+	} else {
+		defer w.close()
+		created = w.created
+	}
+	// The wait after the next unanswered question.
+	next := lastRetry
 	for {
-		state := c.conn.GetState()
-		wait, cancel := context.WithCancel(ctx)
-		switch state {
-		case connectivity.Ready:
-			c.mu.Lock()
-			known := c.known
-			c.mu.Unlock()
-			if !known && !c.learn(ctx) {
-				cancel()
-				wait, cancel = context.WithTimeout(ctx, retry)
-			}
-		case connectivity.Idle:
-			c.conn.Connect()
+		if c.session(ctx) {
+			// containerd answered, then went: it makes its socket anew
+			// when it comes back.
+			next = lastRetry
 		}
-		changed := c.conn.WaitForStateChange(wait, state)
-		cancel()
-		if ctx.Err() != nil {
+		wait := next
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
 			return
+		case <-created:
+			next = firstRetry
+		case <-timer.C:
+			next = min(2*wait, lastRetry)
 		}
-		if changed && state == connectivity.Ready {
-			c.set(0, 0, fmt.Errorf("connection to containerd at %q lost: %w", c.address, errdefs.ErrUnavailable))
+		timer.Stop()
+	}
+}
+
+// session asks containerd for its release and, while containerd answers,
+// holds the connection, asking again whenever the connection breaks. It
+// returns when containerd does not answer, telling whether it answered at
+// first.
+func (c *Client) session(ctx context.Context) (answered bool) {
+	// A bare, non-blocking connect first: refused or missing, it costs the
+	// daemon a few system calls, where a gRPC connection would start
+	// goroutines and timers for its own retries.
+	if err := probe(c.address); err != nil {
+		c.set(ctx, 0, 0, fmt.Errorf("no containerd answers at %q: %w: %w", c.address, errdefs.ErrUnavailable, err))
+		return false
+	}
+	conn, err := dial(c.address, c.idleTimeout)
+	if err != nil {
+		c.set(ctx, 0, 0, err)
+		return false
+	}
+	defer conn.Close()
+	if !c.learn(ctx, conn) {
+		return false
+	}
+	for {
+		state := conn.GetState()
+		switch state {
+		case connectivity.Idle:
+			// The connection broke (or, in tests, idled): asking again
+			// reconnects and tells whether a containerd, maybe another
+			// release, is still there. The release is kept meanwhile:
+			// containerd calls the snapshotter, so while it restarts no
+			// snapshot is being made.
+			if !c.learn(ctx, conn) {
+				return true
+			}
+			continue
+		case connectivity.TransientFailure:
+			c.set(ctx, 0, 0, fmt.Errorf("connection to containerd at %q failed: %w", c.address, errdefs.ErrUnavailable))
+			return true
+		case connectivity.Shutdown:
+			return true
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return true
 		}
 	}
+}
+
+// probe tells whether something listens on the unix socket at address. A
+// full backlog (EAGAIN) counts as listening: gRPC's question, bounded,
+// tells then whether containerd answers.
+func probe(address string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: address}); err != nil && !errors.Is(err, unix.EAGAIN) {
+		return fmt.Errorf("connect: %w", err)
+	}
+	return nil
 }
 
 // learn asks containerd once and records the answer.
-func (c *Client) learn(ctx context.Context) bool {
-	major, minor, err := ask(ctx, c.conn, c.address, false)
-	c.set(major, minor, err)
-	if err != nil {
-		log.G(ctx).WithError(err).Warn("containerd's release is unknown")
-		return false
+func (c *Client) learn(ctx context.Context, conn *grpc.ClientConn) bool {
+	major, minor, err := ask(ctx, conn, c.address, false)
+	if err != nil && !errdefs.IsInvalidArgument(err) {
+		// Release's errors all say alike that containerd is away.
+		err = fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}
-	log.G(ctx).WithField("release", fmt.Sprintf("%d.%d", major, minor)).Debug("learned containerd's release")
-	return true
+	c.set(ctx, major, minor, err)
+	return err == nil
 }
 
-func (c *Client) set(major, minor int, err error) {
+// set records a release, or why it is not known, logging what changed.
+func (c *Client) set(ctx context.Context, major, minor int, err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	wasKnown, wasMajor, wasMinor := c.known, c.major, c.minor
 	c.major, c.minor, c.err, c.known = major, minor, err, err == nil
+	c.mu.Unlock()
+	switch {
+	case err == nil && (!wasKnown || major != wasMajor || minor != wasMinor):
+		log.G(ctx).WithField("release", fmt.Sprintf("%d.%d", major, minor)).Info("learned containerd's release")
+	case err != nil && wasKnown && ctx.Err() == nil:
+		log.G(ctx).WithError(err).Warn("containerd's release is unknown until it answers again")
+	case err != nil:
+		log.G(ctx).WithError(err).Debug("containerd does not answer")
+	}
 }
 
 // Release returns containerd's major and minor release numbers as last
@@ -140,13 +245,168 @@ func (c *Client) Release(context.Context) (major, minor int, err error) {
 func (c *Client) Close() error {
 	c.stop()
 	<-c.done
-	return c.conn.Close()
+	return nil
+}
+
+// socketWatch reports, on created, that the socket at a path may have come:
+// created or moved there, or its attributes changed. When the socket's
+// directory does not exist yet (containerd makes /run/containerd), it
+// watches the nearest existing ancestor for the next directory down.
+type socketWatch struct {
+	file      *os.File // the inotify instance
+	dir, name string
+	created   chan struct{}
+	done      chan struct{}
+
+	// Only the reading goroutine uses these after watchSocket.
+	watched string
+	wd      int
+}
+
+func watchSocket(path string) (*socketWatch, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("inotify for %q: %w", path, err)
+	}
+	// Non-blocking, the instance is read through Go's poller, and closing
+	// the file ends a pending read.
+	w := &socketWatch{file: os.NewFile(uintptr(fd), "inotify"), dir: filepath.Dir(path), name: filepath.Base(path),
+		created: make(chan struct{}, 1), done: make(chan struct{}), wd: -1}
+	if _, err := w.arm(); err != nil {
+		w.file.Close()
+		return nil, err
+	}
+	go w.read()
+	return w, nil
+}
+
+// arm watches the socket's directory, or its nearest existing ancestor,
+// telling whether that is a new watch.
+func (w *socketWatch) arm() (changed bool, err error) {
+	// Through Control, not Fd: Fd would make the descriptor blocking, and
+	// Control keeps it from being closed under us.
+	raw, err := w.file.SyscallConn()
+	if err != nil {
+		return false, fmt.Errorf("inotify for %q: %w", filepath.Join(w.dir, w.name), err)
+	}
+	cerr := raw.Control(func(fd uintptr) {
+		for {
+			var c bool
+			c, err = w.armFd(int(fd))
+			changed = changed || c
+			if err != nil || w.watched == w.dir {
+				return
+			}
+			// The next directory down, made after armFd found it missing
+			// but before the watch, would never be reported: go down.
+			if fi, serr := os.Stat(filepath.Join(w.watched, w.next())); serr != nil || !fi.IsDir() {
+				return
+			}
+		}
+	})
+	if cerr != nil {
+		return false, fmt.Errorf("inotify for %q: %w", filepath.Join(w.dir, w.name), cerr)
+	}
+	return changed, err
+}
+
+func (w *socketWatch) armFd(fd int) (changed bool, err error) {
+	for path := w.dir; ; path = filepath.Dir(path) {
+		mask := uint32(unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR)
+		if path == w.dir {
+			mask |= unix.IN_ATTRIB
+		}
+		wd, err := unix.InotifyAddWatch(fd, path, mask)
+		if err == nil {
+			if wd == w.wd {
+				return false, nil
+			}
+			if w.wd >= 0 {
+				// Gone already if its directory was.
+				_, _ = unix.InotifyRmWatch(fd, uint32(w.wd))
+			}
+			w.watched, w.wd = path, wd
+			return true, nil
+		}
+		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) || path == "/" {
+			return false, fmt.Errorf("watch %q for containerd's socket %q: %w", path, filepath.Join(w.dir, w.name), err)
+		}
+	}
+}
+
+// next is the name, in the watched ancestor, of the directory down towards
+// the socket.
+func (w *socketWatch) next() string {
+	rel, err := filepath.Rel(w.watched, w.dir)
+	if err != nil {
+		return ""
+	}
+	first, _, _ := strings.Cut(rel, string(filepath.Separator))
+	return first
+}
+
+func (w *socketWatch) read() {
+	defer close(w.done)
+	buf := make([]byte, 16*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	for {
+		n, err := w.file.Read(buf)
+		if err != nil {
+			return // closed
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			wd := int(int32(binary.NativeEndian.Uint32(buf[off:])))
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			nameLen := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			off += unix.SizeofInotifyEvent
+			name := strings.TrimRight(string(buf[off:min(off+nameLen, n)]), "\x00")
+			off += nameLen
+			w.event(wd, mask, name)
+		}
+	}
+}
+
+func (w *socketWatch) event(wd int, mask uint32, name string) {
+	switch {
+	case mask&unix.IN_Q_OVERFLOW != 0:
+		// Events were lost: the socket may have come among them.
+		w.rearm()
+		w.poke()
+	case wd != w.wd:
+		// A watch given up for another.
+	case w.watched == w.dir && name == w.name:
+		w.poke()
+	case name == "" || w.watched != w.dir && name == w.next():
+		// The watched directory went, or the next one down came.
+		if w.rearm() {
+			w.poke() // the socket may be there already
+		}
+	}
+}
+
+func (w *socketWatch) rearm() bool {
+	changed, err := w.arm()
+	if err != nil {
+		log.L.WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", lastRetry)
+	}
+	return changed
+}
+
+func (w *socketWatch) poke() {
+	select {
+	case w.created <- struct{}{}:
+	default: // one pending is enough
+	}
+}
+
+func (w *socketWatch) close() {
+	w.file.Close()
+	<-w.done
 }
 
 // Ask asks the containerd at address for its release once, waiting for it
 // to answer for a short while.
 func Ask(ctx context.Context, address string) (major, minor int, err error) {
-	conn, err := dial(address)
+	conn, err := dial(address, 0)
 	if err != nil {
 		return 0, 0, err
 	}

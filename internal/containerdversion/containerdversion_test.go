@@ -3,6 +3,7 @@ package containerdversion
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -38,6 +39,13 @@ func TestParse(t *testing.T) {
 	}
 }
 
+// fakeContainerd serves containerd's version service on a unix socket,
+// counting the questions and the connections.
+type fakeContainerd struct {
+	asked, conns atomic.Int32
+	srv          *grpc.Server
+}
+
 type versionServer struct {
 	versionapi.UnimplementedVersionServer
 	version string
@@ -49,20 +57,41 @@ func (v versionServer) Version(context.Context, *emptypb.Empty) (*versionapi.Ver
 	return &versionapi.VersionResponse{Version: v.version}, nil
 }
 
-// serve serves version on addr until the test ends or stop is called.
-func serve(t *testing.T, addr, version string) (asked *atomic.Int32, stop func()) {
+type countingListener struct {
+	net.Listener
+	n *atomic.Int32
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// startFake serves version on addr until the test ends or stop is called.
+// Like containerd, it first removes a socket left at addr. With
+// keepSocket, stopping leaves the socket file behind, as a containerd that
+// is killed does.
+func startFake(t *testing.T, addr, version string, keepSocket bool) *fakeContainerd {
 	t.Helper()
+	if err := os.Remove(addr); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
 	l, err := net.Listen("unix", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	asked = new(atomic.Int32)
-	srv := grpc.NewServer()
-	versionapi.RegisterVersionServer(srv, versionServer{version: version, asked: asked})
-	go srv.Serve(l)
-	t.Cleanup(srv.Stop)
-	return asked, srv.Stop
+	l.(*net.UnixListener).SetUnlinkOnClose(!keepSocket)
+	f := &fakeContainerd{srv: grpc.NewServer()}
+	versionapi.RegisterVersionServer(f.srv, versionServer{version: version, asked: &f.asked})
+	go f.srv.Serve(countingListener{l, &f.conns})
+	t.Cleanup(f.srv.Stop)
+	return f
 }
+
+func (f *fakeContainerd) stop() { f.srv.Stop() }
 
 // releaseWithin polls c until it knows containerd's release.
 func releaseWithin(t *testing.T, c *Client, d time.Duration) (major, minor int) {
@@ -76,7 +105,19 @@ func releaseWithin(t *testing.T, c *Client, d time.Duration) (major, minor int) 
 		if time.Now().After(deadline) {
 			t.Fatalf("release not learned within %s: %v", d, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// unknownWithin polls c until it no longer knows containerd's release.
+func unknownWithin(t *testing.T, c *Client, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for _, _, err := c.Release(t.Context()); err == nil; _, _, err = c.Release(t.Context()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the release was still known %s after containerd stopped", d)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -100,18 +141,25 @@ func TestReleaseNeverWaits(t *testing.T) {
 	}
 }
 
-// TestReleaseLearnedOnConnect checks that the release is learned without a
-// caller asking, once per connection: when containerd starts after the
-// client, and again when it restarts as another release.
-func TestReleaseLearnedOnConnect(t *testing.T) {
+// TestReleaseFollowsContainerd checks that the release is learned without a
+// caller asking, once per connection, within 2 s of containerd coming:
+// when containerd starts after the client, and again each time it
+// restarts, maybe as another release, whether it removed its socket on
+// stopping or was killed and left it; and that it is forgotten soon after
+// containerd goes.
+func TestReleaseFollowsContainerd(t *testing.T) {
+	const comes, goes = 2 * time.Second, 2 * time.Second
 	addr := filepath.Join(t.TempDir(), "containerd.sock")
 	c, err := New(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	asked, stop := serve(t, addr, "v2.4.2")
-	if major, minor := releaseWithin(t, c, 10*time.Second); major != 2 || minor != 4 {
+	// The client has found no containerd, and waits.
+	time.Sleep(1500 * time.Millisecond)
+
+	f := startFake(t, addr, "v2.4.2", false)
+	if major, minor := releaseWithin(t, c, comes); major != 2 || minor != 4 {
 		t.Fatalf("Release = %d.%d, want 2.4", major, minor)
 	}
 	for range 3 {
@@ -119,25 +167,81 @@ func TestReleaseLearnedOnConnect(t *testing.T) {
 			t.Fatalf("Release = %d, %d, %v; want 2, 4", major, minor, err)
 		}
 	}
-	if n := asked.Load(); n != 1 {
+	if n := f.asked.Load(); n != 1 {
 		t.Errorf("containerd asked %d times on one connection, want once", n)
 	}
 
-	// An upgrade: containerd restarts with another release on the socket.
-	stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, _, err := c.Release(t.Context()); err == nil; _, _, err = c.Release(t.Context()) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never saw containerd's connection close")
+	for i, restart := range []struct {
+		version      string
+		major, minor int
+		killed       bool
+	}{
+		{"v2.3.0", 2, 3, false}, // stopped: the socket is removed
+		{"v2.5.1", 2, 5, true},  // killed: the socket stays until the next start replaces it
+		{"v2.5.1", 2, 5, false}, // the same release again
+	} {
+		f.stop()
+		unknownWithin(t, c, goes)
+		if _, _, err := c.Release(t.Context()); !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), addr) {
+			t.Errorf("restart %d: Release with containerd stopped: err = %v, want Unavailable naming the socket", i, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		// Down for a while, as a restart is, past the client's quick retries.
+		time.Sleep(1500 * time.Millisecond)
+		f = startFake(t, addr, restart.version, restart.killed)
+		if major, minor := releaseWithin(t, c, comes); major != restart.major || minor != restart.minor {
+			t.Fatalf("restart %d: Release after containerd restarted as %s = %d.%d", i, restart.version, major, minor)
+		}
+		if n := f.asked.Load(); n != 1 {
+			t.Errorf("restart %d: the restarted containerd was asked %d times, want once", i, n)
+		}
 	}
-	asked, _ = serve(t, addr, "v2.3.0")
-	if major, minor := releaseWithin(t, c, 10*time.Second); major != 2 || minor != 3 {
-		t.Fatalf("Release after containerd restarted = %d.%d, want 2.3", major, minor)
+}
+
+// TestReleaseLearnedWhenDirectoryComes checks that a containerd whose
+// socket's directory does not exist yet (a first start makes
+// /run/containerd) is still seen within 2 s of starting.
+func TestReleaseLearnedWhenDirectoryComes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run", "containerd")
+	addr := filepath.Join(dir, "containerd.sock")
+	c, err := New(addr)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := asked.Load(); n != 1 {
-		t.Errorf("the restarted containerd was asked %d times, want once", n)
+	defer c.Close()
+	time.Sleep(1500 * time.Millisecond)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	startFake(t, addr, "v2.3.1", false)
+	if major, minor := releaseWithin(t, c, 2*time.Second); major != 2 || minor != 3 {
+		t.Fatalf("Release = %d.%d, want 2.3", major, minor)
+	}
+}
+
+// TestReleaseKeptWhenIdle checks that the release is not forgotten when
+// gRPC's channel goes idle (after 30 min without a call, by gRPC's
+// default): were it, `auto` would for a moment give snapshots on
+// containerd 2.3+ a mapped parent, whose diffs are wrong there. The test's
+// channel idles after 20 ms.
+func TestReleaseKeptWhenIdle(t *testing.T) {
+	addr := filepath.Join(t.TempDir(), "containerd.sock")
+	f := startFake(t, addr, "v2.4.2", false)
+	c, err := newClient(addr, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	releaseWithin(t, c, 2*time.Second)
+	conns := f.conns.Load()
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if major, minor, err := c.Release(t.Context()); err != nil || major != 2 || minor != 4 {
+			t.Fatalf("Release while the channel idles = %d, %d, %v; want 2, 4", major, minor, err)
+		}
+	}
+	// The channel did go idle: each time, its connection was closed and
+	// another one made.
+	if n := f.conns.Load() - conns; n < 3 {
+		t.Errorf("%d connections made in 1 s of a channel idling after 20 ms, want it to have gone idle at least 3 times", n)
 	}
 }
 
@@ -146,7 +250,7 @@ func TestAsk(t *testing.T) {
 	if _, _, err := Ask(t.Context(), addr); err == nil {
 		t.Fatal("Ask with no containerd: no error")
 	}
-	serve(t, addr, "v2.2.1")
+	startFake(t, addr, "v2.2.1", false)
 	if major, minor, err := Ask(t.Context(), addr); err != nil || major != 2 || minor != 2 {
 		t.Fatalf("Ask = %d, %d, %v; want 2, 2", major, minor, err)
 	}
@@ -155,5 +259,8 @@ func TestAsk(t *testing.T) {
 func TestNewRefusesRelativeAddress(t *testing.T) {
 	if _, err := New("run/containerd.sock"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("New(relative): err = %v, want InvalidArgument", err)
+	}
+	if _, _, err := Ask(t.Context(), "run/containerd.sock"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("Ask(relative): err = %v, want InvalidArgument", err)
 	}
 }
