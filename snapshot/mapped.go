@@ -1,12 +1,9 @@
 package snapshot
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -208,9 +205,10 @@ func registeredMappedParents(tx *bolt.Tx) map[string]string {
 // reconcileMappedParents runs at start, before anything is served. In one
 // transaction it drops registry users whose snapshot no longer exists or is
 // committed, and, in mapped-parent mode, registers the snapshots in use that
-// have none (made in shim mode before the switch). Then it mounts every
-// registered mapped parent, unless the mode uses none: New has unmounted
-// everything under v/ already. It returns the registered names.
+// have none (made in shim mode before the switch).
+// It mounts nothing: New has unmounted everything under v/, and each
+// registered mapped parent is mounted again at its first use
+// (ensureMapped). It returns the registered names.
 func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered map[string]string, err error) {
 	err = s.withTx(ctx, true, func(ctx context.Context, tx *bolt.Tx) error {
 		ids, err := storage.IDMap(ctx)
@@ -268,23 +266,36 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 		registered = registeredMappedParents(tx)
 		return nil
 	})
-	if err != nil || s.mapped == nil {
-		return registered, err
+	return registered, err
+}
+
+// ensureMapped mounts mapped parent name of m unless this process has
+// mounted it: after a start, a registered mapped parent is mounted at its
+// first use. It takes m's lock unless the caller holds it (locked), and
+// checks under it that name is still m's: a removal may have dropped it
+// since the caller read it.
+func (s *Snapshotter) ensureMapped(ctx context.Context, m *idmap.Mapping, name string, locked bool) error {
+	if _, ok := s.mounted.Load(name); ok {
+		return nil
 	}
-	// In the order they were made (shorter numbers first), as a restart
-	// that kept them mounted would list them.
-	names := slices.Collect(maps.Keys(registered))
-	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
-	for _, name := range names {
-		m, err := mappingOfKey(registered[name])
-		if err != nil {
-			return nil, fmt.Errorf("mapped parent %q: %w", name, err)
+	if !locked {
+		defer s.lockMapping(m)()
+		var registered string
+		if err := s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
+			registered, _ = mappedParentOf(tx, m, "")
+			return nil
+		}); err != nil {
+			return err
 		}
-		if err := s.mapped.Mount(name, m); err != nil {
-			return nil, err
+		if registered != name {
+			return fmt.Errorf("mapped parent %q of %s was removed meanwhile; retry: %w", name, m, errdefs.ErrAborted)
 		}
 	}
-	return registered, nil
+	if err := s.mapped.Mount(name, m); err != nil {
+		return err
+	}
+	s.mounted.Store(name, struct{}{})
+	return nil
 }
 
 // mappingOfKey parses a registry key, a mapping's canonical

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -187,40 +188,27 @@ func TestMappedParentModeRestartRemounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mappedMounts(t, sn); len(got) != 1 || got[0] == stale {
-		t.Errorf("start did not remove the stale mapped parent %s: %v", stale, got)
+	// A start mounts no mapped parent: each is mounted at its first use.
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Errorf("start left or made mapped parents %v (the stale one was %s)", got, stale)
 	}
-	before := sn.mapped.Syscalls()
-	if _, err := sn.Mounts(ctx, "c"); err != nil {
-		t.Fatal(err)
-	}
-	if n := sn.mapped.Syscalls() - before; n != 0 {
-		t.Errorf("Mounts after restart made %d mount syscalls; the existing mapped parent should be reused", n)
-	}
-	// A reboot unmounts the mapped parent: the next start makes it again.
-	view := mappedMounts(t, sn)[0]
-	sn.Close()
-	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
-		t.Fatal(err)
-	}
-	if sn, err = New(root, Config{}); err != nil {
-		t.Fatal(err)
-	}
-	// Unmounting v/'s own bind, binding and making it private again, and
-	// open_tree, mount_setattr and move_mount of the one mapped parent.
-	if n := sn.mapped.Syscalls(); n != 6 {
-		t.Errorf("start remounting the mapped parent made %d mount syscalls, want 6", n)
-	}
-	m, err := sn.Mounts(ctx, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := mappedMounts(t, sn)
-	if len(got) != 1 || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
-		t.Fatalf("mapped parent not made again at start: %v", got)
-	}
-	if uid := fileOwner(t, filepath.Join(lowerdirs(t, m[0])[0], "f002")); uid != 100000 {
-		t.Errorf("c reads its layers as uid %d after the restart, want 100000", uid)
+	for i, want := range []uint64{3, 0} {
+		before := sn.mapped.Syscalls()
+		m, err := sn.Mounts(ctx, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// open_tree, mount_setattr and move_mount at the first use only.
+		if n := sn.mapped.Syscalls() - before; n != want {
+			t.Errorf("Mounts %d after the restart made %d mount syscalls, want %d", i+1, n, want)
+		}
+		got := mappedMounts(t, sn)
+		if len(got) != 1 || got[0] == stale || !strings.HasPrefix(lowerdirs(t, m[0])[0], got[0]+"/") {
+			t.Fatalf("c's lowerdirs %v are not under its one mapped parent %v", lowerdirs(t, m[0]), got)
+		}
+		if uid := fileOwner(t, filepath.Join(lowerdirs(t, m[0])[0], "f002")); uid != 100000 {
+			t.Errorf("c reads its layers as uid %d after the restart, want 100000", uid)
+		}
 	}
 }
 
@@ -275,7 +263,7 @@ func TestShimModeUnmountsMappedParents(t *testing.T) {
 	if left, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(root, mappedDir))); len(left) != 0 {
 		t.Errorf("mounts left under v/ by a start in shim mode: %d", len(left))
 	}
-	if got := shim.Startup().MappedParentsRemoved; len(got) != 1 {
+	if got := shim.startup.MappedParentsRemoved; len(got) != 1 {
 		t.Errorf("start in shim mode reported %v removed, want the one mapped parent", got)
 	}
 	m, err := shim.Mounts(ctx, "c")
@@ -331,10 +319,12 @@ func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
 	}
 }
 
-// TestRestartMountsMappedParentsInOrder: a start mounts the registered
-// mapped parents in the order they were made, so that the mount table
-// lists them as before the restart.
-func TestRestartMountsMappedParentsInOrder(t *testing.T) {
+// TestStartServesAtOnceWithManyMappings: a node with hundreds of
+// user-namespaced pods restarts the daemon. The start must not fork or
+// mount per mapping before it serves: New and a first call return within
+// a second at 200 registered mappings, nothing is mounted under v/, and a
+// snapshot's first Mounts mounts its own mapping's mapped parent only.
+func TestStartServesAtOnceWithManyMappings(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
 	sn, err := New(root, Config{IDMap: IDMapMapped})
@@ -343,18 +333,41 @@ func TestRestartMountsMappedParentsInOrder(t *testing.T) {
 	}
 	ctx := testContext()
 	top := commitChain(t, sn, ctx, 2)
-	for i := range 12 {
+	const mappings = 200
+	for i := range mappings {
 		if _, err := sn.Prepare(ctx, fmt.Sprint("c", i), top, remap(fmt.Sprint(100000+65536*i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := mappedMounts(t, sn)
+	if n := len(mappedMounts(t, sn)); n != mappings {
+		t.Fatalf("%d mapped parents before the restart, want %d", n, mappings)
+	}
 	sn.Close()
+
+	start := time.Now()
 	if sn, err = New(root, Config{IDMap: IDMapMapped}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeAndUnmount(t, sn) })
-	if after := mappedMounts(t, sn); !slices.Equal(after, before) {
-		t.Errorf("mapped parents after a restart %v, before %v", after, before)
+	if _, err := sn.Stat(ctx, top); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("start and a first call took %v with %d mappings, want under 1s", took, mappings)
+	}
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Fatalf("the start mounted %d mapped parents before serving, want none", len(got))
+	}
+	for _, i := range []int{0, 137} {
+		m, err := sn.Mounts(ctx, fmt.Sprint("c", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fileOwner(t, filepath.Join(lowerdirs(t, m[0])[0], "f002")); uid != uint32(100000+65536*i) {
+			t.Errorf("c%d reads its layers as uid %d, want %d", i, uid, 100000+65536*i)
+		}
+	}
+	if n := len(mappedMounts(t, sn)); n != 2 {
+		t.Errorf("%d mapped parents mounted after two snapshots' first use, want 2", n)
 	}
 }

@@ -224,21 +224,24 @@ func TestCleanupNeverRemovesNewSnapshots(t *testing.T) {
 }
 
 // TestStartRegistersShimMadeSnapshots: a snapshot made in shim mode is
-// registered with a mapped parent, mounted, when the root is opened in
-// mapped-parent mode, and Mounts (which only reads) then serves its layers
-// through that mapping.
+// registered with a mapped parent when the root is opened in mapped-parent
+// mode, and its first Mounts mounts that mapped parent and serves its
+// layers through that mapping.
 func TestStartRegistersShimMadeSnapshots(t *testing.T) {
 	sn, ctx := shimMadeThenMapped(t)
 	views, err := sn.MappedParents(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(views) != 1 || views[0].Users != 1 || !views[0].Mounted || views[0].UIDMap != "0:100000:65536" {
-		t.Fatalf("mapped parents after the start: %+v, want one for 0:100000:65536, mounted, with one user", views)
+	if len(views) != 1 || views[0].Users != 1 || views[0].Mounted || views[0].UIDMap != "0:100000:65536" {
+		t.Fatalf("mapped parents after the start: %+v, want one for 0:100000:65536, not mounted yet, with one user", views)
 	}
 	m, err := sn.Mounts(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if views, err = sn.MappedParents(ctx); err != nil || len(views) != 1 || !views[0].Mounted {
+		t.Fatalf("mapped parents after a's first Mounts: %+v %v, want it mounted", views, err)
 	}
 	lowers := lowerdirs(t, m[0])
 	if filepath.Dir(lowers[0]) != views[0].Path {

@@ -8,11 +8,12 @@ import (
 	"github.com/containerd/log"
 )
 
-// StartupReport says what New repaired before the snapshotter served.
+// StartupReport says what New found to repair before the snapshotter served.
 type StartupReport struct {
-	// OrphansRemoved are the directories under l/, w/ and t/ that no
-	// snapshot owned: creations and removals a crash cut short.
-	OrphansRemoved []string
+	// Orphans are the directories under l/, w/ and t/ that no snapshot
+	// owned: creations and removals a crash cut short. They are removed in
+	// the background; what cannot be removed shows in Unremovable.
+	Orphans []string
 	// MappedParentsRemoved are the names of mapped parents under v/ that were
 	// mounted but that no active or view snapshot used any more.
 	MappedParentsRemoved []string
@@ -20,15 +21,17 @@ type StartupReport struct {
 
 // reconcile repairs, before anything is served, what a crash can leave:
 // directories without metadata (creation and removal order their steps so
-// that a crash leaves only such directories), and the mapped parents, which
-// New has unmounted (unmounted lists the mount points) and which are
-// mounted again as the registry says.
+// that a crash leaves only such directories), which it hands to the
+// background remover, and the registry of mapped parents, whose mounts New
+// has removed (unmounted lists the mount points). It is best effort, as
+// containerd's overlay Cleanup is: only a metadata failure stops the start.
 func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
-	removed, err := s.RemoveOrphans(ctx)
-	s.startup.OrphansRemoved = removed
+	orphans, moved, err := s.takeOrphans(ctx)
 	if err != nil {
-		return fmt.Errorf("reconcile at start: %w", err)
+		log.G(ctx).WithError(err).Warn("start-up repair could not list orphaned directories; Cleanup tries again")
 	}
+	s.removals.add(moved...)
+	s.startup.Orphans = orphans
 	registered, err := s.reconcileMappedParents(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile mapped parents at start: %w", err)
@@ -39,15 +42,14 @@ func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 			continue // v/'s own bind mount
 		}
 		if _, ok := registered[name]; !ok || s.mapped == nil {
-			log.G(ctx).WithField("view", filepath.Join(s.root, mappedDir, name)).Info("removed stale view no snapshot uses")
+			log.G(ctx).WithField("mapped_parent", filepath.Join(s.root, mappedDir, name)).Info("removed a mapped parent no snapshot uses")
 			s.startup.MappedParentsRemoved = append(s.startup.MappedParentsRemoved, name)
 		}
 	}
-	log.G(ctx).WithField("orphans_removed", len(s.startup.OrphansRemoved)).
-		WithField("views_removed", len(s.startup.MappedParentsRemoved)).
-		Info("startup reconciliation done")
+	log.G(ctx).WithField("orphans", len(orphans)).
+		WithField("unremovable", len(s.Unremovable())).
+		WithField("mapped_parents_removed", len(s.startup.MappedParentsRemoved)).
+		WithField("mapped_parents_registered", len(registered)).
+		Info("start-up repair done")
 	return nil
 }
-
-// Startup returns what New repaired at start.
-func (s *Snapshotter) Startup() StartupReport { return s.startup }

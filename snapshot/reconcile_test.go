@@ -14,8 +14,8 @@ import (
 // directory, upper and work directories without metadata, a mapped parent
 // whose last user is gone, a mapped parent of a live snapshot that was
 // unmounted) and checks that the next start removes exactly the leftovers,
-// reports them, and mounts the live snapshot's mapped parent again, so that
-// Mounts, which only reads, serves it.
+// reports them, and mounts the live snapshot's mapped parent again at its
+// first Mounts.
 func TestStartupReconciliation(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "root")
@@ -24,7 +24,7 @@ func TestStartupReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sn.Close(); sn.UnmountMappedParents() })
-	if r := sn.Startup(); len(r.OrphansRemoved)+len(r.MappedParentsRemoved) != 0 {
+	if r := sn.startup; len(r.Orphans)+len(r.MappedParentsRemoved) != 0 {
 		t.Errorf("a fresh root reported repairs: %+v", r)
 	}
 	ctx := testContext()
@@ -55,6 +55,7 @@ func TestStartupReconciliation(t *testing.T) {
 	if err := shim.Remove(ctx, "gone"); err != nil {
 		t.Fatal(err)
 	}
+	shim.removals.wait()
 	shim.Close()
 	// A crash between the metadata commit of the removal of "gone", its
 	// mapped parent's last user, and the unmount leaves a mount at its name.
@@ -80,13 +81,14 @@ func TestStartupReconciliation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	report := sn.Startup()
+	report := sn.startup
+	sn.removals.wait()
 	if got := strings.Join(report.MappedParentsRemoved, " "); got != filepath.Base(views[1]) {
 		t.Errorf("mapped parents removed at start: %q, want %q", got, filepath.Base(views[1]))
 	}
 	for _, dir := range leftovers {
-		if !slices.Contains(report.OrphansRemoved, dir) {
-			t.Errorf("leftover %s not reported removed: %v", dir, report.OrphansRemoved)
+		if !slices.Contains(report.Orphans, dir) {
+			t.Errorf("leftover %s not reported removed: %v", dir, report.Orphans)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("leftover %s still there (%v)", dir, err)
@@ -94,8 +96,8 @@ func TestStartupReconciliation(t *testing.T) {
 	}
 	// Remove deleted "gone"'s directories itself; only the leftovers and
 	// nothing of a live snapshot may have gone at start.
-	if len(report.OrphansRemoved) != len(leftovers) {
-		t.Errorf("start removed %d directories, want %d: %v", len(report.OrphansRemoved), len(leftovers), report.OrphansRemoved)
+	if len(report.Orphans) != len(leftovers) {
+		t.Errorf("start removed %d directories, want %d: %v", len(report.Orphans), len(leftovers), report.Orphans)
 	}
 	after := listTree(t, root)
 	for _, p := range live {
@@ -103,13 +105,16 @@ func TestStartupReconciliation(t *testing.T) {
 			t.Errorf("start removed live path %s", p)
 		}
 	}
-	got := mappedMounts(t, sn)
-	if len(got) != 1 {
-		t.Fatalf("start did not mount exactly the live snapshot's mapped parent again: %v", got)
+	if got := mappedMounts(t, sn); len(got) != 0 {
+		t.Fatalf("start mounted mapped parents before their first use: %v", got)
 	}
 	m, err := sn.Mounts(ctx, "live")
 	if err != nil {
 		t.Fatal(err)
+	}
+	got := mappedMounts(t, sn)
+	if len(got) != 1 {
+		t.Fatalf("Mounts did not mount exactly the live snapshot's mapped parent again: %v", got)
 	}
 	if lowers := lowerdirs(t, m[0]); filepath.Dir(lowers[0]) != got[0] {
 		t.Errorf("live's lowerdirs %v are not under its mapped parent %s", lowers, got[0])

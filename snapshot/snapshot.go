@@ -105,6 +105,11 @@ type Snapshotter struct {
 	// mappingLocks hold, per mapping, every change of its registry entry
 	// and of its mapped parent's mount (see lockMapping).
 	mappingLocks *locker.Locker
+	// mounted holds the names of the mapped parents this process has
+	// mounted; a registered one is mounted at its first use after a start.
+	mounted sync.Map
+	// removals deletes removed snapshots' and orphans' directories.
+	removals *remover
 
 	closeOnce sync.Once
 	closeErr  error
@@ -168,7 +173,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	if _, err := os.Stat("/sys/module/overlay/parameters/index"); err == nil && !hasOption(options, "index") {
 		options = append(options, "index=off")
 	}
-	s := &Snapshotter{root: root, ms: ms, cfg: cfg, options: options, mappingLocks: locker.New()}
+	s := &Snapshotter{root: root, ms: ms, cfg: cfg, options: options, mappingLocks: locker.New(), removals: newRemover()}
 	// The MetaStore opens its file lazily: open it now, so that a locked,
 	// corrupted or newer-format file stops the daemon at start with a clear
 	// message, before anything is written.
@@ -178,7 +183,7 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return checkFormat(tx, dbPath)
 	}); err != nil {
-		ms.Close()
+		s.Close()
 		switch {
 		case errors.Is(err, bolt.ErrTimeout):
 			return nil, fmt.Errorf("metadata %q is locked: is another grouped-snapshotter running on root %q? %w", dbPath, root, errdefs.ErrUnavailable)
@@ -187,8 +192,10 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 		}
 		return nil, fmt.Errorf("metadata %q cannot be read (corrupted?); it was left untouched: %w", dbPath, err)
 	}
-	// Every mode starts with nothing mounted under v/; reconcile mounts the
-	// registered mapped parents again in the modes that use them.
+	// Every mode starts with nothing mounted under v/; a registered mapped
+	// parent is mounted again at its first use (ensureMapped), so a start
+	// costs no fork per mapping and one that cannot be mounted fails only
+	// the calls that need it.
 	var unmounted []string
 	if cfg.IDMap != IDMapShim {
 		s.mapped, unmounted, err = mappedparent.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
@@ -348,9 +355,9 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 	return m, nil
 }
 
-// Mounts returns the mount of an active or view snapshot. It only reads:
-// the mapped parents of snapshots in use are mounted when they are made, and
-// again at every start (reconcile).
+// Mounts returns the mount of an active or view snapshot. It only reads,
+// but for mounting the snapshot's mapped parent at its first use after a
+// start (ensureMapped).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, err error) {
 	var (
 		snap       storage.Snapshot
@@ -379,6 +386,9 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, 
 		// In auto mode a snapshot that is no user got the shim's shape.
 		return nil
 	})
+	if err == nil && mappedName != "" {
+		err = s.ensureMapped(ctx, mapping, mappedName, false)
+	}
 	if err == nil {
 		if testHooks.mountsAfterRead != nil {
 			testHooks.mountsAfterRead()
@@ -448,6 +458,7 @@ func (s *Snapshotter) dropMappedParent(ctx context.Context, name string) {
 	if s.mapped == nil || name == "" {
 		return
 	}
+	s.mounted.Delete(name)
 	if err := s.mapped.Unmount(name); err != nil {
 		log.G(ctx).WithError(err).WithField("mapped_parent", name).Warn("failed to remove unused mapped parent; the next start removes it")
 	}
@@ -492,9 +503,12 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	return nil
 }
 
-// Remove deletes a snapshot. Its metadata goes first, in one transaction,
-// and its directories after: a crash in between leaves only orphaned
-// directories, which Cleanup removes, never metadata without files.
+// Remove deletes a snapshot. Its metadata goes first, in one transaction;
+// then its directories are renamed under t/ and deleted in the background
+// (remover): containerd's garbage collector waits for every backend Remove
+// while it holds the snapshotter's lock. A crash at any point leaves only
+// directories no snapshot owns, which the next start removes, never
+// metadata without files.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	var id string
 	err := s.change(ctx, key, func(ctx context.Context, _ string, _ snapshots.Info) (err error) {
@@ -513,11 +527,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
 	}
-	for _, path := range []string{layer, work} {
-		if err := os.RemoveAll(path); err != nil {
-			log.G(ctx).WithError(err).WithField("path", path).Warn("failed to remove snapshot directory, left for cleanup")
-		}
-	}
+	s.discard(ctx, filepath.Base(layer), layer, work)
 	return nil
 }
 
@@ -552,16 +562,29 @@ func (s *Snapshotter) change(ctx context.Context, key string, fn func(ctx contex
 	return err
 }
 
-// Walk calls fn for every snapshot matching the filters.
+// Walk calls fn for every snapshot matching the filters. A root without
+// a snapshot yet has none to walk: the MetaStore's NotFound for its
+// missing bucket, before fn ever ran, is no error.
 func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, filters ...string) error {
-	return s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
-		return storage.WalkInfo(ctx, fn, filters...)
+	called := false
+	err := s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
+		return storage.WalkInfo(ctx, func(ctx context.Context, info snapshots.Info) error {
+			called = true
+			return fn(ctx, info)
+		}, filters...)
 	})
+	if errdefs.IsNotFound(err) && !called {
+		return nil
+	}
+	return err
 }
 
 // Close closes the metadata store. It is safe to call more than once.
 func (s *Snapshotter) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.ms.Close() })
+	s.closeOnce.Do(func() {
+		s.removals.close()
+		s.closeErr = s.ms.Close()
+	})
 	return s.closeErr
 }
 
@@ -736,13 +759,14 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 	if err == nil && testHooks.makeMappedParent != nil {
 		err = testHooks.makeMappedParent()
 	}
-	if err != nil || name != "" {
-		// A registered mapped parent was mounted at start or by the
-		// creation that registered it.
-		return name, false, err
+	if err != nil {
+		return "", false, err
+	}
+	if name != "" {
+		return name, false, s.ensureMapped(ctx, m, name, true)
 	}
 	name = s.nextMappedName()
-	if err := s.mapped.Mount(name, m); err != nil {
+	if err := s.ensureMapped(ctx, m, name, true); err != nil {
 		s.dropMappedParent(ctx, name)
 		return "", false, err
 	}
@@ -907,60 +931,67 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 }
 
 // Cleanup removes directories that no snapshot owns: leftovers of crashed
-// creations and removals.
+// creations and removals, and what the background remover could not
+// delete. containerd calls it after garbage collection, outside its lock.
+// It is best effort, as containerd's overlay Cleanup is: what it cannot
+// remove is logged and reported (Unremovable), not returned as an error.
 func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	_, err := s.RemoveOrphans(ctx)
 	return err
 }
 
-// RemoveOrphans removes what Orphans lists and returns what it removed,
-// logging each one; it removes all it can and reports every failure. It
-// lists them in a write transaction, where no creation is under way and
+// RemoveOrphans removes what Orphans lists and returns what it removed.
+// It lists them in a write transaction, where no creation is under way and
 // none can take an orphan's name, moves those under l/ and w/ into t/, and
 // removes them after it, so that a large orphan holds no other call up.
+// Only a failure to list is an error; what cannot be removed is logged and
+// kept in Unremovable.
 func (s *Snapshotter) RemoveOrphans(ctx context.Context) ([]string, error) {
-	var (
-		orphans, now []string
-		errs         []error
-	)
-	err := s.ms.WithTransaction(ctx, true, func(ctx context.Context) (err error) {
-		if orphans, err = s.orphans(ctx); err != nil {
+	orphans, moved, err := s.takeOrphans(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for i, dir := range moved {
+		err := os.RemoveAll(dir)
+		s.removals.record(ctx, dir, err)
+		if err == nil {
+			log.G(ctx).WithField("path", orphans[i]).Info("removed orphaned directory of an interrupted creation or removal")
+			removed = append(removed, orphans[i])
+		}
+	}
+	return removed, nil
+}
+
+// takeOrphans lists the orphans in a write transaction and moves those
+// under l/ and w/ into t/. It returns each orphan's path as listed and
+// where it is now; one that cannot be moved stays in place and is
+// recorded as unremovable.
+func (s *Snapshotter) takeOrphans(ctx context.Context) (orphans, moved []string, err error) {
+	err = s.ms.WithTransaction(ctx, true, func(ctx context.Context) error {
+		listed, err := s.orphans(ctx)
+		if err != nil {
 			return err
 		}
-		for _, dir := range orphans {
-			if filepath.Dir(dir) == filepath.Join(s.root, tempDir) {
-				now = append(now, dir)
-			} else if to, err := s.moveToTemp(dir, "gc-"); err != nil {
-				errs = append(errs, err)
-				now = append(now, "")
-			} else {
-				now = append(now, to)
+		for _, dir := range listed {
+			to := dir
+			if filepath.Dir(dir) != filepath.Join(s.root, tempDir) {
+				if to, err = s.moveToTemp(dir, "gc-"); err != nil {
+					s.removals.record(ctx, dir, err)
+					continue
+				}
 			}
+			orphans, moved = append(orphans, dir), append(moved, to)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find orphaned directories: %w", err)
+		return nil, nil, fmt.Errorf("find orphaned directories: %w", err)
 	}
 	if testHooks.orphansListed != nil {
 		testHooks.orphansListed()
 	}
-	var removed []string
-	for i, dir := range now {
-		if dir == "" {
-			continue
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, fmt.Errorf("remove orphan %q: %w", orphans[i], err))
-			continue
-		}
-		log.G(ctx).WithField("path", orphans[i]).Info("removed orphaned directory of an interrupted creation or removal")
-		removed = append(removed, orphans[i])
-	}
-	if len(errs) > 0 {
-		return removed, fmt.Errorf("cleanup: %w", errors.Join(errs...))
-	}
-	return removed, nil
+	return orphans, moved, nil
 }
 
 // Orphans lists the directories Cleanup would remove. It reads in a write
@@ -980,8 +1011,9 @@ func (s *Snapshotter) Orphans(ctx context.Context) (orphans []string, err error)
 
 // orphans lists, in the caller's write transaction, everything under t/
 // (temporary directories of creations that did not finish, and orphans
-// moved there to be removed) and the directories under l/ and w/ that no
-// snapshot owns.
+// moved there to be removed) that the background remover is not deleting,
+// and the directories under l/ and w/ that no snapshot owns. It also drops
+// the failure records of directories that are gone.
 func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 	ids, err := storage.IDMap(ctx)
 	if err != nil && !errdefs.IsNotFound(err) {
@@ -996,14 +1028,23 @@ func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("list %q: %w", parent, err)
 		}
 		for _, e := range entries {
+			path := filepath.Join(parent, e.Name())
 			if id, ok := idOfDirName(e.Name()); ok && dir != tempDir {
 				if _, live := ids[id]; live {
 					continue
 				}
 			}
-			orphans = append(orphans, filepath.Join(parent, e.Name()))
+			if s.removals.isPending(path) {
+				continue
+			}
+			orphans = append(orphans, path)
 		}
 	}
+	listed := make(map[string]bool, len(orphans))
+	for _, o := range orphans {
+		listed[o] = true
+	}
+	s.removals.forget(func(p string) bool { return listed[p] })
 	return orphans, nil
 }
 
