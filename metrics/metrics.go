@@ -61,6 +61,10 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 			Namespace: namespace, Name: "mount_syscalls_total",
 			Help: "Mount-family syscalls the snapshotter made itself (mapped parents; container mounts are the shim's).",
 		}, func() float64 { return float64(sn.MountSyscalls()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "orphans_unremovable",
+			Help: "Directories no snapshot owns whose last removal failed (an immutable file, a mount on them); `grouped-snapshotter gc --dry-run` names them and why.",
+		}, func() float64 { return float64(len(sn.Unremovable())) }),
 		&stateCollector{sn: sn},
 	)
 	return m

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,8 +53,24 @@ func TestMetrics(t *testing.T) {
 	if _, err := s.Stat(ctx, "missing"); err == nil {
 		t.Fatal("Stat of a missing snapshot succeeded")
 	}
+	// An orphan Cleanup cannot remove: a file made immutable (chattr +i).
+	stuck := filepath.Join(sn.Root(), "l", "zz9", "f")
+	if err := os.MkdirAll(filepath.Dir(stuck), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stuck, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+i", stuck).CombinedOutput(); err != nil {
+		t.Fatalf("chattr +i: %v: %s", err, out)
+	}
 	if err := s.(interface{ Cleanup(context.Context) error }).Cleanup(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for p := range sn.Unremovable() {
+		if out, err := exec.Command("chattr", "-R", "-i", p).CombinedOutput(); err != nil {
+			t.Fatalf("chattr -i: %v: %s", err, out)
+		}
 	}
 
 	families, err := m.Registry.Gather()
@@ -111,6 +128,7 @@ func TestMetrics(t *testing.T) {
 		// The mapped-parents directory's own private bind mount (bind,
 		// then MS_PRIVATE); no mapped parent.
 		{"grouped_snapshotter_mount_syscalls_total", nil, 2},
+		{"grouped_snapshotter_orphans_unremovable", nil, 1},
 	} {
 		got, err := value(c.name, c.labels)
 		if err != nil || got != c.want {

@@ -25,6 +25,8 @@ type Admin interface {
 	Orphans(ctx context.Context) ([]string, error)
 	// RemoveOrphans removes what Orphans lists and returns what it removed.
 	RemoveOrphans(ctx context.Context) ([]string, error)
+	// Unremovable maps the orphans whose last removal failed to why.
+	Unremovable(ctx context.Context) (map[string]string, error)
 }
 
 // DaemonInfo describes the running daemon.
@@ -46,6 +48,9 @@ var adminMethods = map[string]adminHandler{
 	"Views": func(ctx context.Context, a Admin) (any, error) { return a.MappedParents(ctx) },
 	"Orphans": func(ctx context.Context, a Admin) (any, error) {
 		return a.Orphans(ctx)
+	},
+	"Unremovable": func(ctx context.Context, a Admin) (any, error) {
+		return a.Unremovable(ctx)
 	},
 	// Cleanup reports what it removed.
 	"Cleanup": func(ctx context.Context, a Admin) (any, error) {

@@ -30,6 +30,9 @@ func (s *Snapshotter) reconcile(ctx context.Context, unmounted []string) error {
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("start-up repair could not list orphaned directories; Cleanup tries again")
 	}
+	for _, o := range orphans {
+		log.G(ctx).WithField("path", o).Info("removing orphaned directory of an interrupted creation or removal")
+	}
 	s.removals.add(moved...)
 	s.startup.Orphans = orphans
 	registered, err := s.reconcileMappedParents(ctx)

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -11,6 +13,8 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/pelletier/go-toml/v2"
 	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
@@ -173,11 +177,12 @@ func mappedParentsCommand() *cli.Command {
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "remove directories no snapshot owns (what Cleanup removes)",
-		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed"}),
+		Usage: "remove directories no snapshot owns (what Cleanup removes); exit 1 if some cannot be removed",
+		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed, and what could not be removed last time and why"}),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
+			dryRun := c.Bool("dry-run")
 			method := "Cleanup"
-			if c.Bool("dry-run") {
+			if dryRun {
 				method = "Orphans"
 			}
 			var paths []string
@@ -187,17 +192,28 @@ func gcCommand() *cli.Command {
 			if paths == nil {
 				paths = []string{}
 			}
+			// A daemon older than the method has no record: nothing to add.
+			stuck := map[string]string{}
+			if err := server.CallAdmin(c.Context, d.conn, "Unremovable", &stuck); err != nil && status.Code(err) != codes.Unimplemented {
+				return fmt.Errorf("gc: %w", err)
+			}
 			if c.Bool("json") {
-				return printJSON(map[string]any{"dry_run": c.Bool("dry-run"), "paths": paths})
+				return printJSON(map[string]any{"dry_run": dryRun, "paths": paths, "unremovable": stuck})
 			}
 			verb := "removed"
-			if c.Bool("dry-run") {
+			if dryRun {
 				verb = "would remove"
 			}
 			for _, p := range paths {
 				fmt.Printf("%s %s\n", verb, p)
 			}
 			fmt.Printf("%d orphaned directories %s\n", len(paths), verb)
+			for _, p := range slices.Sorted(maps.Keys(stuck)) {
+				fmt.Printf("could not remove %s: %s\n", p, stuck[p])
+			}
+			if len(stuck) > 0 && !dryRun {
+				return cli.Exit(fmt.Sprintf("gc: %d orphaned directories could not be removed (see above); the daemon keeps serving and tries again at every Cleanup", len(stuck)), 1)
+			}
 			return nil
 		}),
 	}

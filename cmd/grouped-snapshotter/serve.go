@@ -105,6 +105,9 @@ func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.s
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
 	return a.sn.RemoveOrphans(ctx)
 }
+func (a daemonAdmin) Unremovable(context.Context) (map[string]string, error) {
+	return a.sn.Unremovable(), nil
+}
 
 // notify tells systemd about the daemon's state; outside systemd it does
 // nothing.
