@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -585,7 +586,10 @@ func TestInstallMoveBadOptions(t *testing.T) {
 // node's CRI state (pause drop-in present, CRI's snapshotter in the
 // drop-in) to $FAKE_LOG. $FAKE_MODE makes the catch-up move (the second
 // run that is not a dry run) fail ("fail-catchup") or hang until killed
-// ("hang-catchup", its pid in $FAKE_LOG.pid).
+// ("hang-catchup", its pid in $FAKE_LOG.pid). `forget` and `purge` log
+// their arguments; "purge-refused" makes purge, --check included, refuse
+// as a mounted container makes it, and "purge-refused-late" only the purge
+// after --check.
 const fakeDaemon = `#!/bin/sh
 confd=$FAKE_CONFD
 state() {
@@ -606,6 +610,20 @@ import|export)
 	echo "$1 move $(state)" >>"$FAKE_LOG"
 	if [ "$runs" = 1 ] && [ "$FAKE_MODE" = fail-catchup ]; then echo "fake: containerd restarted during the run" >&2; exit 1; fi
 	if [ "$runs" = 1 ] && [ "$FAKE_MODE" = hang-catchup ]; then echo $$ >"$FAKE_LOG.pid"; exec sleep 60; fi
+	;;
+forget)
+	# Only the uninstall's forget: the install's --stale is not logged.
+	[ "$2" != --stale ] || { echo "fake: $*" >&2; exit 2; }
+	echo "forget" >>"$FAKE_LOG"
+	;;
+purge)
+	case " $* " in *" --help "*) echo "   --check  only list the mounts that would stop a purge"; exit 0 ;; esac
+	echo "$*" >>"$FAKE_LOG"
+	case " $* " in *" --force "*) exit 0 ;; esac
+	if [ "$FAKE_MODE" = purge-refused ] || { [ "$FAKE_MODE" = purge-refused-late ] && [ "$2" != --check ]; }; then
+		printf '%s\n' 'grouped-snapshotter: purge "/x": failed precondition: 1 mounts use files under it, nothing was changed:' '  /run/fake-task/ctr1/rootfs (upperdir /x/l/5 is under the root)' >&2
+		exit 1
+	fi
 	;;
 *) echo "fake: $*" >&2; exit 2 ;;
 esac
@@ -891,4 +909,91 @@ func toolPath(t *testing.T, name string) string {
 		t.Fatalf("%v (run make tools)", err)
 	}
 	return path
+}
+
+// TestUninstallPurgeRefused: purge's refusal while a container's root
+// filesystem uses the root reaches the uninstall's output. Found by
+// purge --check, it stops the uninstall before anything changes; found
+// only by the purge after the daemon stopped, the uninstall finishes
+// without the purge, keeps the binary to run it again and fails.
+// --force-purge passes --force on.
+func TestUninstallPurgeRefused(t *testing.T) {
+	n := newFakeNode(t)
+	if out, err := n.command("", "install").CombinedOutput(); err != nil {
+		t.Fatalf("install: %v\n%s", err, out)
+	}
+	n.calls(t)
+	// Should the test stop midway, the daemon the pidfile names last (one
+	// this test's install started detached) must not outlive it.
+	t.Cleanup(func() {
+		if data, err := os.ReadFile(filepath.Join(n.dir, "run/grouped-snapshotter.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+				syscall.Kill(pid, syscall.SIGTERM)
+			}
+		}
+	})
+	installed := snapshotTree(t, filepath.Join(n.dir, "etc"))
+	binary := filepath.Join(n.dir, "bin/grouped-snapshotter")
+	// A daemon the uninstall can stop: reaped as soon as it exits, where
+	// newFakeNode's stays a zombie, alive to kill -0, until the test ends.
+	daemon := func() {
+		serve := exec.Command(binary, "serve")
+		if err := serve.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { serve.Wait(); close(exited) }()
+		t.Cleanup(func() {
+			serve.Process.Signal(syscall.SIGTERM)
+			<-exited
+		})
+		if err := os.WriteFile(filepath.Join(n.dir, "run/grouped-snapshotter.pid"), []byte(fmt.Sprint(serve.Process.Pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out, err := n.command("purge-refused", "uninstall", "--purge").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "/run/fake-task/ctr1/rootfs") || !strings.Contains(string(out), "nothing was uninstalled") ||
+		strings.Contains(string(out), "uninstalled\n") {
+		t.Errorf("uninstall --purge with a container on the root: %v, want a refusal naming its rootfs:\n%s", err, out)
+	}
+	if calls := n.calls(t); strings.Contains(calls, "forget") || strings.Contains(calls, "--address") {
+		t.Errorf("a refused uninstall went on to:\n%s", calls)
+	}
+	if snapshotTree(t, filepath.Join(n.dir, "etc")) != installed {
+		t.Error("the refused uninstall changed the node's config")
+	}
+	if _, err := os.Stat(filepath.Join(n.dir, "run/grouped-snapshotter.pid")); err != nil {
+		t.Errorf("the refused uninstall stopped the daemon: %v", err)
+	}
+
+	daemon()
+	out, err = n.command("purge-refused-late", "uninstall", "--purge").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "/run/fake-task/ctr1/rootfs") || !strings.Contains(string(out), "NOT purged") ||
+		strings.Contains(string(out), "grouped-snapshotter uninstalled\n") {
+		t.Errorf("uninstall --purge whose purge fails: %v, want a failure naming the rootfs:\n%s", err, out)
+	}
+	if _, err := os.Stat(binary); err != nil {
+		t.Errorf("a failed purge's uninstall removed the binary that would run it again: %v", err)
+	}
+	if calls := n.calls(t); !strings.Contains(calls, "forget") || !strings.Contains(calls, "restart") {
+		t.Errorf("uninstall whose purge fails: want forget, the purge and containerd's restart, got:\n%s", calls)
+	}
+
+	// The uninstall removed the files a new install puts back, and
+	// starts a daemon detached, which the uninstall then stops.
+	if out, err := n.command("", "install").CombinedOutput(); err != nil {
+		t.Fatalf("install: %v\n%s", err, out)
+	}
+	n.calls(t)
+	if out, err := n.command("purge-refused", "uninstall", "--force-purge").CombinedOutput(); err != nil || !strings.Contains(string(out), "grouped-snapshotter uninstalled\n") {
+		t.Errorf("uninstall --force-purge: %v\n%s", err, out)
+	}
+	if calls := n.calls(t); !strings.Contains(calls, "purge --force --config /dev/null --root "+filepath.Join(n.dir, "root")) &&
+		!strings.Contains(calls, "--force --config /dev/null --root "+filepath.Join(n.dir, "root")) {
+		t.Errorf("uninstall --force-purge did not pass --force to purge:\n%s", calls)
+	}
+	if _, err := os.Stat(binary); !os.IsNotExist(err) {
+		t.Errorf("binary after a forced purge: %v", err)
+	}
 }

@@ -5,7 +5,7 @@
 # Idempotent: running it twice changes nothing the second time.
 #
 #   install.sh install   [options] [--binary PATH] [--cri [--import] | --runtime-handler NAME] [--export]
-#   install.sh uninstall [options] [--export] [--purge]
+#   install.sh uninstall [options] [--export] [--purge [--force-purge]]
 #   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
 # --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
@@ -45,7 +45,11 @@
 #                       overlayfs
 # --no-start            only files: touch no service and no containerd
 # --purge               uninstall also removes the snapshotter's data (its
-#                       root, after unmounting its mapped parents) and its log
+#                       root, after unmounting its mapped parents) and its log;
+#                       refused, changing nothing, while a mount (a
+#                       container's root filesystem) uses files in the root
+# --force-purge         --purge even then: those containers run on deleted
+#                       files
 # --export              uninstall first runs `grouped-snapshotter export`
 #                       for each of --export-namespaces, so that containerd's
 #                       overlayfs has every image unpacked (hard links, no
@@ -78,7 +82,7 @@
 #                       unix:///run/grouped-snapshotter/pprof.sock" to
 #                       profile it on the node
 #
-# Every option except --binary, --cri, --no-start, --import, --export and --purge can
+# Every option except --binary, --cri, --no-start, --import, --export, --purge and --force-purge can
 # also be given in the environment (GS_RUNTIME_HANDLER, GS_CONTAINERD_BIN,
 # GS_HOST_ROOT, GS_HOST_PID,
 # GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
@@ -116,6 +120,8 @@ BINARY=
 CRI=0
 START=1
 PURGE=0
+PURGE_FORCE=
+PURGE_FAILED=0
 usage() { echo "usage: install.sh install|uninstall|supervise [options] (see the comment at the top)" >&2; exit 2; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -128,6 +134,7 @@ while [ $# -gt 0 ]; do
 	--containerd-bin) need "$@"; CONTAINERD_BIN=$2; shift 2 ;;
 	--no-start) START=0; shift ;;
 	--purge) PURGE=1; shift ;;
+	--force-purge) PURGE=1; PURGE_FORCE=--force; shift ;;
 	--export) EXPORT=1; shift ;;
 	--import) IMPORT=1; shift ;;
 	--export-namespaces) need "$@"; EXPORT_NAMESPACES=$2; shift 2 ;;
@@ -712,7 +719,29 @@ export_images() {
 	done
 }
 
+# check_purge refuses an uninstall --purge, before anything changes, while
+# mounts (containers' root filesystems) use files in the root: the purge,
+# once the daemon has stopped, would refuse too, or with --force-purge
+# leave them on deleted files. Run from the DaemonSet pod, that pod's own
+# containers do not count: the purge waits until they are gone. A binary
+# whose purge lacks --check (older releases) is not asked.
+check_purge() {
+	[ -x "$H$BIN" ] || return 0
+	host "$BIN" purge --help 2>/dev/null | grep -q -- --check || return 0
+	pod=
+	if supervisor_pid=$(running_supervisor); then pod="--ignore-pod-of $supervisor_pid"; fi
+	# shellcheck disable=SC2086 # pod is a list of words
+	host "$BIN" purge --check --config /dev/null --root "$ROOT" $pod && return 0
+	if [ -n "$PURGE_FORCE" ]; then
+		echo "install.sh: warning: --force-purge: the purge deletes the files of the mounts above" >&2
+		return 0
+	fi
+	echo "install.sh: the purge of $ROOT is refused (above): nothing was uninstalled; remove those containers first, or uninstall with --force-purge" >&2
+	exit 1
+}
+
 do_uninstall() {
+	[ "$PURGE" = 0 ] || check_purge
 	[ "$EXPORT" = 0 ] || export_images
 	if [ "$PURGE" = 1 ] && [ "$START" = 1 ] && [ -x "$H$BIN" ]; then
 		# containerd keeps its own record of each of grouped's snapshots;
@@ -763,21 +792,27 @@ do_uninstall() {
 		# filesystem may be made of the snapshotter's layers, so the
 		# purge waits on the host until the pod is gone.
 		deferred_purge "$supervisor_pid"
-		echo "the data in $ROOT is purged once this pod is deleted"
+		echo "the data in $ROOT is purged once this pod is deleted; should the purge be refused then, it says why in $LOG_FILE, kept with $BIN"
 	else
 		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
 			# Refuses while a daemon serves the socket; unmounts the mapped
 			# parents. Not the config file: root and socket are given, and a
 			# config the daemon refused (why it may have failed) must not
 			# stop the purge halfway.
-			host "$BIN" purge --config /dev/null --root "$ROOT" --address "$SOCKET"
+			# shellcheck disable=SC2086 # PURGE_FORCE is empty or one word
+			if ! host "$BIN" purge $PURGE_FORCE --config /dev/null --root "$ROOT" --address "$SOCKET"; then
+				PURGE_FAILED=1
+			fi
 		fi
 		remove_files
 	fi
 	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
 		host systemctl daemon-reload
 	fi
-	if [ "$PURGE" = 1 ]; then
+	if [ "$PURGE_FAILED" = 1 ]; then
+		# Not fatal before containerd's restart below: the drop-in is gone.
+		echo "install.sh: grouped-snapshotter uninstalled, but its data in $H$ROOT was NOT purged: the purge failed (above); $H$BIN stays for it: $BIN purge --root $ROOT --address $SOCKET" >&2
+	elif [ "$PURGE" = 1 ]; then
 		echo "grouped-snapshotter uninstalled"
 	else
 		# Images pulled with grouped-snapshotter are gone from
@@ -794,13 +829,17 @@ do_uninstall() {
 			restart_containerd
 		fi
 	fi
+	[ "$PURGE_FAILED" = 0 ] || exit 1
 }
 
 remove_files() {
+	# A failed purge keeps the binary to run it again, and the log.
+	keep=
+	[ "$PURGE_FAILED" = 0 ] || keep=$H$BIN
 	for f in "$H$UNIT" "$H$BIN" "$H$CONFIG_FILE"; do
-		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
+		if [ -e "$f" ] && [ "$f" != "$keep" ]; then rm -f "$f" && echo "removed $f"; fi
 	done
-	if [ "$PURGE" = 1 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
+	if [ "$PURGE" = 1 ] && [ "$PURGE_FAILED" = 0 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
 	rmdir "$(dirname "$H$CONFIG_FILE")" 2>/dev/null || true
 	rmdir "$H$RUN_DIR" 2>/dev/null || true
 }
@@ -818,11 +857,13 @@ running_supervisor() {
 
 # deferred_purge PID: a host process, outside this pod's cgroups, waits for
 # PID (this pod's main process) to end, then purges the root and removes
-# the binary, config, unit and log. It gives up after an hour.
+# the binary, config, unit and log. It gives up after an hour. The pod's
+# log is gone by then: a refusal goes to the log file, which stays, with
+# the binary to run the purge again.
 deferred_purge() {
 	detach "" '
-		pid=$1 bin=$2 root=$3 socket=$4 configdir=$5 rundir=$6
-		shift 6
+		pid=$1 bin=$2 root=$3 socket=$4 configdir=$5 rundir=$6 log=$7 force=$8
+		shift 8
 		i=0
 		while kill -0 "$pid" 2>/dev/null; do
 			i=$((i + 1))
@@ -831,10 +872,13 @@ deferred_purge() {
 		done
 		# The container has exited; its root filesystem goes right after.
 		sleep 2
-		"$bin" purge --config /dev/null --root "$root" --address "$socket" || exit 1
+		if ! "$bin" purge $force --config /dev/null --root "$root" --address "$socket" >>"$log" 2>&1; then
+			echo "install.sh: the deferred purge of $root failed (above); $bin stays to run it again" >>"$log"
+			exit 1
+		fi
 		rm -f "$@"
 		rmdir "$configdir" "$rundir" 2>/dev/null
-		exit 0' "$1" "$BIN" "$ROOT" "$SOCKET" "$(dirname "$CONFIG_FILE")" "$RUN_DIR" \
+		exit 0' "$1" "$BIN" "$ROOT" "$SOCKET" "$(dirname "$CONFIG_FILE")" "$RUN_DIR" "$LOG_FILE" "$PURGE_FORCE" \
 		"$UNIT" "$BIN" "$CONFIG_FILE" "$LOG_FILE"
 }
 
