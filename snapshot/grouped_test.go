@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -409,11 +410,29 @@ func TestCorruptMetadataRefusedAndKept(t *testing.T) {
 	}
 }
 
+// TestSecondSnapshotterOnSameRootRefused: a second daemon started by
+// mistake on a root in use is refused before it changes anything: the
+// first one's mapped parents stay mounted and its directories in place.
 func TestSecondSnapshotterOnSameRootRefused(t *testing.T) {
-	sn, _ := newSnapshotter(t)
+	sn, ctx := newSnapshotter(t)
+	top := commitChain(t, sn, ctx, 2)
+	if _, err := sn.Prepare(ctx, "c", top, remap("100000")); err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(sn.Root(), tempDir, "new-1")
+	if err := os.Mkdir(orphan, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mapped, tree := mappedMounts(t, sn), listTree(t, sn.Root())
 	_, err := New(sn.Root(), Config{})
 	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "locked") {
 		t.Fatalf("second New on a root in use: got %v, want unavailable/locked", err)
+	}
+	if got := mappedMounts(t, sn); !slices.Equal(got, mapped) {
+		t.Errorf("the refused start changed the mapped parents: %v, before %v", got, mapped)
+	}
+	if got := listTree(t, sn.Root()); !slices.Equal(got, tree) {
+		t.Errorf("the refused start changed the root:\n%v\nbefore\n%v", got, tree)
 	}
 }
 

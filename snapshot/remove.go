@@ -3,7 +3,6 @@ package snapshot
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -170,28 +169,30 @@ func (s *Snapshotter) Unremovable() map[string]string {
 	return out
 }
 
-// discard moves the directories of a removed snapshot, named name on disk,
-// into t/rm-<name> and queues it for the remover. A committed removal's
-// name is never handed out again, so the destination is free; a path
-// already gone was taken by a concurrent Cleanup.
-func (s *Snapshotter) discard(ctx context.Context, name string, paths ...string) {
-	dest := filepath.Join(s.root, tempDir, "rm-"+name)
-	s.removals.reserve(dest)
-	err := os.Mkdir(dest, 0o700)
-	if err == nil {
-		for i, p := range paths {
-			if rerr := os.Rename(p, filepath.Join(dest, fmt.Sprint(i))); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-				err = errors.Join(err, rerr)
-			}
+// discard moves the upper (or layer) and work directories of a removed
+// snapshot, named name on disk, to t/rm-<name> and t/rm-w-<name> and queues
+// them for the remover. A committed removal's name is never handed out
+// again, so the destinations are free; a directory already gone was never
+// made (a view's work) or taken by a concurrent Cleanup. One that cannot be
+// moved (a full disk can refuse t/ a new entry) is removed at once.
+func (s *Snapshotter) discard(ctx context.Context, name, layer, work string) {
+	for _, d := range []struct{ path, dest string }{
+		{layer, filepath.Join(s.root, tempDir, "rm-"+name)},
+		{work, filepath.Join(s.root, tempDir, "rm-w-"+name)},
+	} {
+		s.removals.reserve(d.dest)
+		err := os.Rename(d.path, d.dest)
+		if err == nil {
+			s.removals.add(d.dest)
+			continue
+		}
+		s.removals.release(d.dest)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		log.G(ctx).WithError(err).WithField("path", d.path).Warn("could not move a removed snapshot's directory aside; removing it now")
+		if err := os.RemoveAll(d.path); err != nil {
+			log.G(ctx).WithError(err).WithField("path", d.path).Warn("failed to remove a removed snapshot's directory, left for cleanup")
 		}
 	}
-	if err != nil && !errors.Is(err, os.ErrExist) {
-		// Left where it is: an orphan for Cleanup and the next start.
-		log.G(ctx).WithError(err).WithField("paths", paths).Warn("failed to move a removed snapshot's directories aside, left for cleanup")
-	}
-	if _, serr := os.Lstat(dest); serr != nil {
-		s.removals.release(dest)
-		return
-	}
-	s.removals.add(dest)
 }

@@ -314,7 +314,8 @@ func TestRemoveCrashHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fillUpper(t, sn, "big", "", bigFiles)
+	// Enough files that deleting them takes far longer than the kill.
+	fillUpper(t, sn, "big", "", 20_000)
 	if err := sn.Remove(testContext(), "big"); err != nil {
 		t.Fatal(err)
 	}
