@@ -7,11 +7,11 @@
 // started yet, stopped, or at a wrong address: left to itself, gRPC keeps
 // reconnecting to a silent socket every second, for ever. So a Client holds
 // a gRPC connection only while containerd answers. Otherwise it waits for
-// containerd's socket to be created (containerd creates it anew at each
-// start, then chmods it once listening), watching the socket's directory
-// with inotify, and asks again on a slow timer, doubling up to 30 s, for
-// what inotify does not tell: a containerd answering late on a socket it
-// has already made, or an inotify instance the kernel refused.
+// containerd's socket to be made, watching the socket's directory with
+// inotify: containerd makes its socket anew at each start (a socket nobody
+// listens on can only come alive that way), then chmods it once listening.
+// It also asks again on a slow timer for what inotify does not tell: 30 s
+// when something listens but does not answer, 5 min when nobody listens.
 //
 // While containerd answers, the connection costs nothing (no keepalive) and
 // gRPC's idle timeout is off, so the channel only leaves Ready when the
@@ -49,14 +49,20 @@ const (
 	// it answers at all.
 	timeout = 2 * time.Second
 	// firstRetry is the wait before asking again after containerd's socket
-	// came but nobody answered on it, doubling up to lastRetry: it covers
-	// a containerd caught between making its socket and listening on it.
-	// Otherwise, a containerd coming makes its socket, which inotify
-	// reports, so a silent socket is asked again only every lastRetry,
-	// which bounds both what it costs and how late a containerd that
-	// inotify did not report is seen.
+	// came but nobody answered on it, doubling up to silentRetry: it
+	// covers a containerd caught between making its socket and listening
+	// on it.
 	firstRetry = time.Second
-	lastRetry  = 30 * time.Second
+	// silentRetry is the wait before asking again something that listens
+	// on the socket but did not answer (a containerd hung, or answering
+	// too slowly), and, when the socket is not watched, anything.
+	silentRetry = 30 * time.Second
+	// absentRetry is the wait before asking again when nobody listens on
+	// the socket. Only a new socket changes that, which inotify reports;
+	// the retry is for what it cannot see, such as a mount over the
+	// socket's directory. Each wake-up of an idle Go process costs it
+	// about 10 context switches, so this one is rare.
+	absentRetry = 5 * time.Minute
 )
 
 // Client keeps the release of one containerd. It asks in the background,
@@ -117,29 +123,36 @@ func (c *Client) run(ctx context.Context) {
 	defer close(c.done)
 	var created <-chan struct{}
 	if w, err := watchSocket(c.address); err != nil {
-		log.G(ctx).WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", lastRetry)
+		log.G(ctx).WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", silentRetry)
 	} else {
 		defer w.close()
 		created = w.created
 	}
-	// The wait after the next unanswered question.
-	next := lastRetry
+	// The next quick retry after the socket came, 0 when none.
+	var quick time.Duration
 	for {
-		if c.session(ctx) {
-			// containerd answered, then went: it makes its socket anew
-			// when it comes back.
-			next = lastRetry
+		answered, listening := c.session(ctx)
+		wait := absentRetry
+		if listening || created == nil {
+			wait = silentRetry
 		}
-		wait := next
+		switch {
+		case answered:
+			quick = 0
+		case quick > 0:
+			wait = quick
+			if quick *= 2; quick > silentRetry {
+				quick = 0
+			}
+		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return
 		case <-created:
-			next = firstRetry
+			quick = firstRetry
 		case <-timer.C:
-			next = min(2*wait, lastRetry)
 		}
 		timer.Stop()
 	}
@@ -147,24 +160,24 @@ func (c *Client) run(ctx context.Context) {
 
 // session asks containerd for its release and, while containerd answers,
 // holds the connection, asking again whenever the connection breaks. It
-// returns when containerd does not answer, telling whether it answered at
-// first.
-func (c *Client) session(ctx context.Context) (answered bool) {
+// returns when containerd does not answer, telling whether it answered
+// first, and whether something still listens on the socket.
+func (c *Client) session(ctx context.Context) (answered, listening bool) {
 	// A bare, non-blocking connect first: refused or missing, it costs the
 	// daemon a few system calls, where a gRPC connection would start
 	// goroutines and timers for its own retries.
 	if err := probe(c.address); err != nil {
 		c.set(ctx, 0, 0, fmt.Errorf("no containerd answers at %q: %w: %w", c.address, errdefs.ErrUnavailable, err))
-		return false
+		return false, false
 	}
 	conn, err := dial(c.address, c.idleTimeout)
 	if err != nil {
 		c.set(ctx, 0, 0, err)
-		return false
+		return false, true
 	}
 	defer conn.Close()
 	if !c.learn(ctx, conn) {
-		return false
+		return false, true
 	}
 	for {
 		state := conn.GetState()
@@ -176,17 +189,17 @@ func (c *Client) session(ctx context.Context) (answered bool) {
 			// containerd calls the snapshotter, so while it restarts no
 			// snapshot is being made.
 			if !c.learn(ctx, conn) {
-				return true
+				return true, probe(c.address) == nil
 			}
 			continue
 		case connectivity.TransientFailure:
 			c.set(ctx, 0, 0, fmt.Errorf("connection to containerd at %q failed: %w", c.address, errdefs.ErrUnavailable))
-			return true
+			return true, probe(c.address) == nil
 		case connectivity.Shutdown:
-			return true
+			return true, false
 		}
 		if !conn.WaitForStateChange(ctx, state) {
-			return true
+			return true, false
 		}
 	}
 }
@@ -386,7 +399,7 @@ func (w *socketWatch) event(wd int, mask uint32, name string) {
 func (w *socketWatch) rearm() bool {
 	changed, err := w.arm()
 	if err != nil {
-		log.L.WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", lastRetry)
+		log.L.WithError(err).Warnf("containerd's socket is not watched: a containerd starting is seen within %s", silentRetry)
 	}
 	return changed
 }

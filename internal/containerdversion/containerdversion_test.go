@@ -12,6 +12,7 @@ import (
 
 	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
@@ -215,6 +216,48 @@ func TestReleaseLearnedWhenDirectoryComes(t *testing.T) {
 	startFake(t, addr, "v2.3.1", false)
 	if major, minor := releaseWithin(t, c, 2*time.Second); major != 2 || minor != 3 {
 		t.Fatalf("Release = %d.%d, want 2.3", major, minor)
+	}
+}
+
+// TestReleaseLearnedWhenListeningAfterBind checks that a containerd
+// caught between making its socket (which inotify reports) and listening
+// on it is asked again soon, not after the slow retry.
+func TestReleaseLearnedWhenListeningAfterBind(t *testing.T) {
+	addr := filepath.Join(t.TempDir(), "containerd.sock")
+	c, err := New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The client waits for containerd.
+	time.Sleep(300 * time.Millisecond)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "containerd.sock")
+	defer f.Close()
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: addr}); err != nil {
+		t.Fatal(err)
+	}
+	// The client sees the socket come and finds nobody listening.
+	time.Sleep(300 * time.Millisecond)
+	if _, _, err := c.Release(t.Context()); err == nil {
+		t.Fatal("release known before containerd listens")
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	versionapi.RegisterVersionServer(srv, versionServer{version: "v2.4.0", asked: new(atomic.Int32)})
+	go srv.Serve(l)
+	defer srv.Stop()
+	if major, minor := releaseWithin(t, c, 2*time.Second); major != 2 || minor != 4 {
+		t.Fatalf("Release = %d.%d, want 2.4", major, minor)
 	}
 }
 
