@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,11 +54,14 @@ func Run(ctx context.Context, o Options) []Result {
 	add := func(name string, status Status, format string, args ...any) {
 		results = append(results, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
 	}
-	probeDir, cleanup, err := scratchDir(o.Root)
-	if err != nil {
-		add("root", Fail, "cannot use %s: %v", o.Root, err)
-	} else {
-		defer cleanup()
+	// The mounting probes run in a child process of their own (see
+	// probeFilesystem), in a directory the daemon never touches.
+	probes, stale, probeErr := probeFilesystem(ctx, o.Root)
+	if probeErr != nil {
+		add("root", Fail, "cannot probe %s: %v", o.Root, probeErr)
+	}
+	for _, msg := range stale {
+		add("probe-leftovers", Warn, "%s", msg)
 	}
 
 	if fsList, err := os.ReadFile("/proc/filesystems"); err != nil || !strings.Contains(string(fsList), "\toverlay\n") {
@@ -68,16 +70,13 @@ func Run(ctx context.Context, o Options) []Result {
 	} else {
 		add("overlayfs", OK, "kernel has overlayfs")
 	}
-	if probeDir != "" {
-		// containerd's own check for its overlayfs snapshotter: d_type,
-		// and an overlay with two lowerdirs mounted for real.
-		if err := overlayutils.Supported(probeDir); err != nil {
+	if probeErr == nil {
+		if err := errOf(probes.Lowerdirs); err != nil {
 			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		mountErr, overlayErr := probeIDMapped(probeDir)
-		switch err := mountErr; {
+		switch err := errOf(probes.IDMapped); {
 		case err == nil:
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap != "shim":
@@ -88,7 +87,7 @@ func Run(ctx context.Context, o Options) []Result {
 		// What containers need is the combination: an overlay whose lowers
 		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
 		// "shim" containerd's shim builds the same overlay).
-		switch err := overlayErr; {
+		switch err := errOf(probes.OverlayIDMapped); {
 		case err == nil:
 			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
 		case o.IDMap != "shim":
@@ -98,9 +97,7 @@ func Run(ctx context.Context, o Options) []Result {
 		}
 	}
 	checkUserNamespaces(add)
-	if probeDir != "" {
-		checkRootFilesystem(o, add)
-	}
+	checkRootFilesystem(o, add)
 	checkCgroups(add)
 	checkContainerd(ctx, o, add)
 	checkContainerdConfig(o, add)
@@ -122,23 +119,6 @@ func Failed(results []Result) bool {
 		}
 	}
 	return false
-}
-
-// scratchDir returns a directory on root's filesystem for probes: root/t
-// when the daemon has made it, else a temporary directory next to root.
-func scratchDir(root string) (string, func(), error) {
-	if st, err := os.Stat(filepath.Join(root, "t")); err == nil && st.IsDir() {
-		return filepath.Join(root, "t"), func() {}, nil
-	}
-	parent, err := existingAncestor(root)
-	if err != nil {
-		return "", nil, err
-	}
-	dir, err := os.MkdirTemp(parent, ".grouped-snapshotter-check-")
-	if err != nil {
-		return "", nil, err
-	}
-	return dir, func() { os.RemoveAll(dir) }, nil
 }
 
 func checkUserNamespaces(add func(string, Status, string, ...any)) {

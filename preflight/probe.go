@@ -61,6 +61,7 @@ func probeIDMapped(dir string) (mountErr, overlayErr error) {
 		return nil, fmt.Errorf("mount overlay over idmapped lower layers (overlayfs takes them from Linux 5.19 on): %w", err)
 	}
 	defer unmountProbe(merged, &overlayErr)
+	pauseIfAsked(td)
 	for _, l := range []string{"1", "2"} {
 		p := filepath.Join(merged, "f"+l)
 		if content, err := os.ReadFile(p); err != nil || string(content) != "layer "+l {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -60,6 +61,24 @@ func checkCommand() *cli.Command {
 				return cli.Exit("", 1)
 			}
 			return nil
+		},
+	}
+}
+
+// probeCommand is check's probe child (preflight.ProbeCommand): check runs
+// its mounting probes in a copy of this binary with a mount namespace of
+// its own, so that their mounts die with it even when check is killed.
+func probeCommand() *cli.Command {
+	return &cli.Command{
+		Name:      preflight.ProbeCommand,
+		Usage:     "internal: check's mounting probes, run by check in a mount namespace of their own",
+		ArgsUsage: "<probe directory>",
+		Hidden:    true,
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return fmt.Errorf("%s takes one probe directory, got %q", preflight.ProbeCommand, c.Args().Slice())
+			}
+			return preflight.ProbeMain(c.Args().First(), os.Stdout)
 		},
 	}
 }

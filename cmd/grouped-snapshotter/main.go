@@ -36,6 +36,7 @@ func main() {
 		Commands: []*cli.Command{
 			{Name: "serve", Usage: "run the daemon (the default)", Flags: serveFlags(), Action: serve},
 			checkCommand(),
+			probeCommand(),
 			lsCommand(),
 			usageCommand(),
 			mappedParentsCommand(),
