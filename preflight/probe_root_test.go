@@ -158,3 +158,105 @@ func unmountUnder(t *testing.T, dir string) {
 		}
 	}
 }
+
+// TestProbeLeavesALiveProbesDirectory: a check that runs while another
+// one's probe is under way removes no probe directory, since it cannot
+// tell a killed check's from a live one's; its own probe still runs.
+func TestProbeLeavesALiveProbesDirectory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (the probe mounts): run as root, as CI does")
+	}
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "root")
+	newSnapshotter(t, root).Close()
+	marker := filepath.Join(t.TempDir(), "pause")
+	t.Setenv(ProbePauseEnv, marker)
+	done := make(chan struct{})
+	var firstErr error
+	go func() {
+		defer close(done)
+		_, _, firstErr = probeFilesystem(ctx, root)
+	}()
+	t.Cleanup(func() {
+		os.Remove(marker)
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Error("the first probe did not finish once resumed")
+		}
+	})
+	_, live := waitForPause(t, marker, done)
+	// The second probe's child must not pause.
+	os.Unsetenv(ProbePauseEnv)
+
+	out, stale, err := probeFilesystem(ctx, root)
+	if err != nil || len(stale) != 0 || out != (probeOutcome{}) {
+		t.Errorf("a probe beside a live one: %+v, %v, %v; want every probe passed", out, stale, err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the live probe's directory, after another check: %v", err)
+	}
+	os.Remove(marker)
+	<-done
+	if firstErr != nil {
+		t.Errorf("the first probe: %v", firstErr)
+	}
+	if entries, err := os.ReadDir(filepath.Join(root, "check")); err != nil || len(entries) != 0 {
+		t.Errorf("probe directories left after both checks: %d, %v", len(entries), err)
+	}
+}
+
+// TestProbeWithoutRoot: before the daemon's first start the probes run in
+// the root's nearest existing ancestor, and check creates no root (purge
+// would refuse a root without metadata) and leaves nothing there.
+func TestProbeWithoutRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (the probe mounts): run as root, as CI does")
+	}
+	parent := t.TempDir()
+	root := filepath.Join(parent, "a", "root")
+	out, stale, err := probeFilesystem(context.Background(), root)
+	if err != nil || len(stale) != 0 || out != (probeOutcome{}) {
+		t.Errorf("probe for a root not made yet: %+v, %v, %v; want every probe passed", out, stale, err)
+	}
+	if entries, err := os.ReadDir(parent); err != nil || len(entries) != 0 {
+		t.Errorf("%s after the probe: %d entries, %v; want it untouched", parent, len(entries), err)
+	}
+}
+
+// TestRemoveStaleProbesSkipsMounted: a stale probe directory with a mount
+// under it in this namespace (left by a check from before probes had a
+// namespace of their own) is reported and left, not deleted through the
+// mount; one of plain files is removed, and other names are not touched.
+func TestRemoveStaleProbesSkipsMounted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (it mounts a tmpfs): run as root, as CI does")
+	}
+	parent := t.TempDir()
+	mounted, plain, other := filepath.Join(parent, probePrefix+"1"), filepath.Join(parent, probePrefix+"2"), filepath.Join(parent, "other")
+	for _, d := range []string{filepath.Join(mounted, "m"), filepath.Join(plain, "l", "1"), other} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mount("tmpfs", filepath.Join(mounted, "m"), "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unmountUnder(t, parent) })
+	if err := os.WriteFile(filepath.Join(mounted, "m", "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	problems := removeStaleProbes(context.Background(), parent)
+	if len(problems) != 1 || !strings.Contains(problems[0], mounted) {
+		t.Errorf("problems = %q, want one naming %s", problems, mounted)
+	}
+	if _, err := os.Stat(filepath.Join(mounted, "m", "f")); err != nil {
+		t.Errorf("a file on the mount under the stale directory: %v", err)
+	}
+	if _, err := os.Stat(plain); !os.IsNotExist(err) {
+		t.Errorf("the stale directory of plain files: %v, want it removed", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a directory not named as a probe's: %v", err)
+	}
+}
