@@ -8,9 +8,11 @@
 //	l/<name>     every snapshot's files: committed layers and active uppers
 //	w/<name>     overlay work directories of active snapshots
 //	t/           new snapshots' directories before their transaction renames
-//	             them into l/ and w/, and orphans being removed
+//	             them into l/ and w/, and removed snapshots and orphans
+//	             being deleted
 //	v/<n>        mapped parents: read-only idmapped mounts of l/, one per
 //	             UID/GID mapping in use; v/ is a private bind mount
+//	check/       `grouped-snapshotter check`'s probes; never scanned here
 //
 // <name> is the snapshot's MetaStore ID in base 36, so names stay short
 // enough that the lowerdirs of a 500-layer chain fit one page once
