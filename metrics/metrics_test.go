@@ -50,6 +50,21 @@ func TestMetrics(t *testing.T) {
 	if _, err := s.Prepare(ctx, "b", "c1"); err != nil {
 		t.Fatal(err)
 	}
+	// A container's snapshot as containerd's CRI names it in the backend,
+	// with 20 KiB written into its upper.
+	ctrMounts, err := s.Prepare(ctx, "k8s.io/7/ctr1", "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upper string
+	for _, o := range ctrMounts[0].Options {
+		if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+			upper = v
+		}
+	}
+	if err := os.WriteFile(filepath.Join(upper, "data"), make([]byte, 20<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Stat(ctx, "missing"); err == nil {
 		t.Fatal("Stat of a missing snapshot succeeded")
 	}
@@ -109,16 +124,19 @@ func TestMetrics(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"grouped_snapshotter_operations_total", map[string]string{"operation": "prepare"}, 2},
+		{"grouped_snapshotter_operations_total", map[string]string{"operation": "prepare"}, 3},
 		{"grouped_snapshotter_operations_total", map[string]string{"operation": "commit"}, 1},
 		{"grouped_snapshotter_operations_total", map[string]string{"operation": "stat"}, 1},
 		{"grouped_snapshotter_operations_total", map[string]string{"operation": "cleanup"}, 1},
 		{"grouped_snapshotter_operation_errors_total", map[string]string{"operation": "stat"}, 1},
-		{"grouped_snapshotter_operation_duration_seconds", map[string]string{"operation": "prepare"}, 2},
-		// A bind for "a", an overlay of one lower for "b".
-		{"grouped_snapshotter_mount_layers", nil, 2},
-		{"grouped_snapshotter_mount_lowerdir_bytes", nil, 1},
-		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindActive.String()}, 1},
+		{"grouped_snapshotter_operation_duration_seconds", map[string]string{"operation": "prepare"}, 3},
+		// A bind for "a", an overlay of one lower for "b" and for ctr1.
+		{"grouped_snapshotter_mount_layers", nil, 3},
+		{"grouped_snapshotter_mount_lowerdir_bytes", nil, 2},
+		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindActive.String()}, 2},
+		// The file's 20 KiB and the upper directory's own block.
+		{"grouped_snapshotter_writable_layer_bytes", map[string]string{"namespace": "k8s.io", "key": "ctr1"}, 20<<10 + 4096},
+		{"grouped_snapshotter_writable_layer_inodes", map[string]string{"namespace": "k8s.io", "key": "ctr1"}, 2},
 		{"grouped_snapshotter_snapshots", map[string]string{"kind": snapshots.KindCommitted.String()}, 1},
 		{"grouped_snapshotter_mapped_parents", nil, 0},
 		{"grouped_snapshotter_mapped_parents_mounted", nil, 0},

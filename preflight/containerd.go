@@ -45,10 +45,14 @@ type containerdConfig struct {
 	unpack  []map[string]any
 	// differs is the diff service's order of differs ("default").
 	differs []string
+	// criSnapshotter is CRI's default snapshotter ("" if not set: overlayfs);
+	// handlers maps CRI runtime handlers that name a snapshotter to it.
+	criSnapshotter string
+	handlers       map[string]string
 }
 
 func loadContainerdConfig(path string) (*containerdConfig, error) {
-	cfg := &containerdConfig{proxies: map[string]map[string]any{}}
+	cfg := &containerdConfig{proxies: map[string]map[string]any{}, handlers: map[string]string{}}
 	seen := map[string]bool{}
 	var load func(string) error
 	load = func(p string) error {
@@ -80,6 +84,28 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 						if s, ok := e.(string); ok {
 							cfg.differs = append(cfg.differs, s)
 						}
+					}
+				}
+			}
+			// Config version 3, then version 2's single CRI plugin.
+			for _, imagesPlugin := range []string{"io.containerd.cri.v1.images", "io.containerd.grpc.v1.cri"} {
+				images, _ := plugins[imagesPlugin].(map[string]any)
+				if sn, ok := images["snapshotter"].(string); ok {
+					cfg.criSnapshotter = sn
+				}
+				if ctrd, ok := images["containerd"].(map[string]any); ok {
+					if sn, ok := ctrd["snapshotter"].(string); ok {
+						cfg.criSnapshotter = sn
+					}
+				}
+			}
+			for _, runtimePlugin := range []string{"io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"} {
+				rt, _ := plugins[runtimePlugin].(map[string]any)
+				ctrd, _ := rt["containerd"].(map[string]any)
+				runtimes, _ := ctrd["runtimes"].(map[string]any)
+				for name, v := range runtimes {
+					if sn, _ := v.(map[string]any)["snapshotter"].(string); sn != "" {
+						cfg.handlers[name] = sn
 					}
 				}
 			}
@@ -169,6 +195,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
 	checkDiffer(o, cfg, files, add)
+	checkKubeletStats(o, cfg, add)
 	// The transfer service unpacks only for the listed platforms.
 	want := "linux/" + runtime.GOARCH
 	var others []string
@@ -189,6 +216,30 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		return
 	}
 	add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
+}
+
+// checkKubeletStats says whether kubelet sees the writable-layer usage of
+// pods on grouped. containerd's CRI syncs snapshot usage for its default
+// snapshotter only (plugins/cri/images/plugin.go puts only
+// config.Snapshotter into the syncer's snapshotters; runtime_platforms add
+// image-filesystem paths, not usage), and no setting changes that up to
+// containerd 2.4: pods of a runtime handler on grouped report 0 bytes.
+func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status, string, ...any)) {
+	if cfg.criSnapshotter == o.Name {
+		add("kubelet-stats", OK, "CRI's default snapshotter is %s: kubelet sees the writable-layer usage of every pod on it", o.Name)
+		return
+	}
+	var names []string
+	for h, sn := range cfg.handlers {
+		if sn == o.Name {
+			names = append(names, h)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	sort.Strings(names)
+	add("kubelet-stats", Warn, "pods of runtime handler %s run on %s, but containerd's CRI reports writable-layer usage only for its default snapshotter: kubelet sees 0 bytes for them, so their ephemeral-storage limits and eviction ranking miss what they write; watch grouped_snapshotter_writable_layer_bytes instead (docs/operations.md, Observability)", strings.Join(names, ", "), o.Name)
 }
 
 // checkDiffer checks that containerd's diff service does not ask the

@@ -183,3 +183,41 @@ func TestProbeIDMapped(t *testing.T) {
 		t.Errorf("the probe left %d entries behind", len(entries))
 	}
 }
+
+// TestCheckKubeletStats: pods of a runtime handler on grouped are invisible
+// to kubelet's ephemeral-storage accounting (containerd's CRI syncs usage
+// for its default snapshotter only); check says so, in config version 3
+// and in version 2's layout, and says nothing when CRI does not use grouped.
+func TestCheckKubeletStats(t *testing.T) {
+	for _, c := range []struct {
+		name, config string
+		want         Status // "" for no result
+		detail       string
+	}{
+		{"not used by CRI", "", "", ""},
+		{"CRI's snapshotter", `[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "grouped"
+`, OK, "kubelet sees"},
+		{"runtime handler", `[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.grouped]
+  runtime_type = "io.containerd.runc.v2"
+  snapshotter = "grouped"
+`, Warn, "runtime handler grouped"},
+		{"runtime handler, config version 2", `[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.userns]
+  snapshotter = "grouped"
+`, Warn, "runtime handler userns"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, []byte(goodProxy+goodUnpack+c.config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r, ok := statuses(CheckContainerdConfig(configOptions(path)))["kubelet-stats"]
+			switch {
+			case c.want == "" && ok:
+				t.Errorf("kubelet-stats reported %s %q, want nothing", r.Status, r.Detail)
+			case c.want != "" && (r.Status != c.want || !strings.Contains(r.Detail, c.detail)):
+				t.Errorf("kubelet-stats: %s %q, want %s naming %q", r.Status, r.Detail, c.want, c.detail)
+			}
+		})
+	}
+}

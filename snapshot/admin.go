@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"sort"
+	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
@@ -72,3 +73,18 @@ func (s *Snapshotter) MountSyscalls() uint64 {
 
 // IDMapMode returns the configured idmap mode.
 func (s *Snapshotter) IDMapMode() IDMapMode { return s.cfg.IDMap }
+
+// ContainerdKey undoes containerd's metadata prefix "<namespace>/<n>/" on
+// the keys it hands to snapshotters, giving the key its clients use (for
+// CRI, a container's or sandbox's ID); other keys are returned unchanged.
+func ContainerdKey(backendKey string) (namespace, key string) {
+	ns, rest, ok := strings.Cut(backendKey, "/")
+	if !ok {
+		return "", backendKey
+	}
+	n, key, ok := strings.Cut(rest, "/")
+	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return "", backendKey
+	}
+	return ns, key
+}

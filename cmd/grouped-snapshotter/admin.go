@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -55,8 +54,8 @@ func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow
 		for p := info.Parent; p != "" && layers <= len(infos); p = parents[p] {
 			layers++
 		}
-		ns, key := splitBackendKey(info.Name)
-		_, parent := splitBackendKey(info.Parent)
+		ns, key := snapshot.ContainerdKey(info.Name)
+		_, parent := snapshot.ContainerdKey(info.Parent)
 		row := snapshotRow{Namespace: ns, Key: key, BackendKey: info.Name, Kind: info.Kind.String(), Parent: parent, Layers: layers}
 		if u, err := sn.Usage(ctx, info.Name); err == nil {
 			row.Size, row.Inodes = u.Size, u.Inodes
@@ -70,20 +69,6 @@ func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow
 		return rows[i].Key < rows[j].Key
 	})
 	return rows, nil
-}
-
-// splitBackendKey undoes containerd's metadata prefix "<namespace>/<n>/"
-// on keys it hands to snapshotters; other keys are returned unchanged.
-func splitBackendKey(k string) (namespace, key string) {
-	ns, rest, ok := strings.Cut(k, "/")
-	if !ok {
-		return "", k
-	}
-	n, key, ok := strings.Cut(rest, "/")
-	if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
-		return "", k
-	}
-	return ns, key
 }
 
 func lsCommand() *cli.Command {
