@@ -51,8 +51,8 @@ const (
 	// firstRetry is the wait before asking again after containerd's socket
 	// came but nobody answered on it, doubling up to silentRetry: it
 	// covers a containerd caught between making its socket and listening
-	// on it.
-	firstRetry = time.Second
+	// on it (Go's net.Listen binds, which inotify reports, then listens).
+	firstRetry = 250 * time.Millisecond
 	// silentRetry is the wait before asking again something that listens
 	// on the socket but did not answer (a containerd hung, or answering
 	// too slowly), and, when the socket is not watched, anything.
