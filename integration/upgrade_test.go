@@ -61,9 +61,11 @@ func TestUpgradeAndRollback(t *testing.T) {
 	checkRunning(t, env, b, m2)
 	c := containerID("up-c")
 	runDetachedWith(t, env, c, ref, m3.flags(), "sleep", "600")
-	views := wantViews(t, env, 2, "a new mapping after the upgrade")
+	// This build's start mounts no mapped parent: m2's comes back at its
+	// mapping's next use, and b runs on the one its overlay holds.
+	views := wantViews(t, env, 1, "a new mapping after the upgrade")
 	checkRunning(t, env, c, m3)
-	checkViewMappings(t, env, map[mapping]bool{m2: true, m3: true})
+	checkViewMappings(t, env, map[mapping]bool{m3: true})
 	t.Logf("views after the upgrade: %v", views)
 
 	swap(oldBin, "roll back to the format 1 daemon")
@@ -82,11 +84,11 @@ func TestUpgradeAndRollback(t *testing.T) {
 	}
 	e := containerID("up-e")
 	runDetachedWith(t, env, e, ref, m5.flags(), "sleep", "600")
-	wantViews(t, env, 3, "a new mapping after the second upgrade")
+	wantViews(t, env, 1, "a new mapping after the second upgrade")
 	for id, m := range map[string]mapping{b: m2, d: m4, e: m5} {
 		checkRunning(t, env, id, m)
 	}
-	checkViewMappings(t, env, map[mapping]bool{m2: true, m4: true, m5: true})
+	checkViewMappings(t, env, map[mapping]bool{m5: true})
 	for _, id := range []string{b, d, e} {
 		removeContainer(t, env, id)
 	}
