@@ -584,7 +584,9 @@ func TestInstallMoveBadOptions(t *testing.T) {
 // drive without containerd: `version` answers as a running daemon, `serve`
 // runs until SIGTERM, and `import`/`export` log their arguments with the
 // node's CRI state (pause drop-in present, CRI's snapshotter in the
-// drop-in) to $FAKE_LOG. $FAKE_MODE makes the catch-up move (the second
+// drop-in) to $FAKE_LOG; `runtime-handler` prints a handler the way the
+// real one lays it out (install.sh reads the layout). $FAKE_MODE makes the
+// catch-up move (the second
 // run that is not a dry run) fail ("fail-catchup") or hang until killed
 // ("hang-catchup", its pid in $FAKE_LOG.pid). `forget` and `purge` log
 // their arguments; "purge-refused" makes purge, --check included, refuse
@@ -603,6 +605,12 @@ state() {
 case "$1" in
 version) echo "daemon: fake" ;;
 serve) trap 'exit 0' TERM; while :; do sleep 1; done ;;
+runtime-handler)
+	cat >/dev/null
+	printf '%s\n' '# fake' 'version = 3' '' '[plugins]' "[plugins.'io.containerd.cri.v1.runtime']" \
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd]" "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]" \
+		"[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.$3]" "runtime_type = 'io.containerd.runc.v2'" "snapshotter = ''"
+	;;
 restart) echo "restart $(state)" >>"$FAKE_LOG" ;;
 import|export)
 	case " $* " in *" --dry-run "*) echo "$1 dry-run $(state)" >>"$FAKE_LOG"; exit 0 ;; esac
@@ -631,7 +639,8 @@ esac
 
 // fakeNode is a node for install.sh without --host-root: every path in a
 // temporary directory, the fake daemon already running (so install.sh
-// neither starts nor detaches one), containerd's restart logged.
+// neither starts nor detaches one), containerd's restart logged, the real
+// containerd's config dump (--cri renders CRI's runtime handler from it).
 type fakeNode struct {
 	dir, bin, log, confd string
 	flags                []string
@@ -664,7 +673,8 @@ func newFakeNode(t *testing.T) *fakeNode {
 	n.flags = []string{"--binary", n.bin, "--service-manager", "none", "--containerd-restart", n.bin + " restart",
 		"--containerd-config", filepath.Join(dir, "etc/containerd/config.toml"), "--containerd-address", filepath.Join(dir, "run/containerd.sock"),
 		"--root", filepath.Join(dir, "root"), "--socket", filepath.Join(dir, "run/gs.sock"), "--bin-dir", filepath.Join(dir, "bin"),
-		"--config-file", filepath.Join(dir, "etc/gs.toml"), "--log-file", filepath.Join(dir, "gs.log")}
+		"--config-file", filepath.Join(dir, "etc/gs.toml"), "--log-file", filepath.Join(dir, "gs.log"),
+		"--containerd-bin", toolPath(t, "containerd")}
 	n.env = append(os.Environ(), "FAKE_LOG="+n.log, "FAKE_CONFD="+n.confd)
 	// The running daemon, as install.sh's pidfile names it.
 	serve := exec.Command(filepath.Join(dir, "bin/grouped-snapshotter"), "serve")
@@ -890,6 +900,98 @@ func TestInstallRuntimeHandler(t *testing.T) {
 	runInstall(t, append([]string{"uninstall"}, flags[2:]...)...)
 	if after := snapshotTree(t, dir); after != before {
 		t.Errorf("uninstall did not restore the node:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// TestInstallCRIRuntimeHandlers: `install --cri` on a node whose default
+// runtime handler runc has options of its own, read back by the oldest and
+// newest containerd of `make tools`: pods without a RuntimeClass run with
+// grouped-default, runc's copy, options and all, with no snapshotter of its
+// own (CRI's, grouped); runc keeps overlayfs for its pods and for pulls
+// that name it (the DaemonSet's). A second install changes nothing (its
+// dump names grouped-default the default), an install without --cri takes
+// it away, and the uninstall restores the node.
+func TestInstallCRIRuntimeHandlers(t *testing.T) {
+	bin := buildDaemon(t)
+	for version, containerd := range map[string]string{
+		"v2.4.2": toolPath(t, "containerd"),
+		"v2.0.5": toolPath(t, "../containerd-v2.0.5/bin/containerd"),
+	} {
+		t.Run(version, func(t *testing.T) {
+			dir := t.TempDir()
+			config := filepath.Join(dir, "etc/containerd/config.toml")
+			for _, d := range []string{filepath.Dir(config), filepath.Join(dir, "bin")} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(config, []byte("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n  BinaryName = \"/opt/runc\"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			flags := []string{"--binary", bin, "--no-start", "--service-manager", "none", "--containerd-restart", "true",
+				"--containerd-config", config, "--root", filepath.Join(dir, "root"), "--socket", filepath.Join(dir, "run/gs.sock"),
+				"--bin-dir", filepath.Join(dir, "bin"), "--config-file", filepath.Join(dir, "etc/gs.toml"), "--log-file", filepath.Join(dir, "gs.log"),
+				"--containerd-bin", containerd}
+			before := snapshotTree(t, dir)
+			type runtime struct {
+				Snapshotter string
+				Options     map[string]any
+			}
+			var dump struct {
+				Plugins struct {
+					Runtime struct {
+						Containerd struct {
+							DefaultRuntimeName string `toml:"default_runtime_name"`
+							Runtimes           map[string]runtime
+						}
+					} `toml:"io.containerd.cri.v1.runtime"`
+					Images struct {
+						Snapshotter      string
+						RuntimePlatforms map[string]struct{ Snapshotter string } `toml:"runtime_platforms"`
+					} `toml:"io.containerd.cri.v1.images"`
+				}
+			}
+			read := func() {
+				t.Helper()
+				out, err := exec.Command(containerd, "--config", config, "config", "dump").Output()
+				if err != nil {
+					t.Fatalf("containerd config dump: %v", err)
+				}
+				dump.Plugins.Runtime.Containerd.Runtimes = nil
+				dump.Plugins.Images.RuntimePlatforms = nil
+				if err := toml.Unmarshal(out, &dump); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cri := append([]string{"install", "--cri"}, flags...)
+			out := runInstall(t, cri...)
+			read()
+			c := dump.Plugins.Runtime.Containerd
+			def, runc := c.Runtimes["grouped-default"], c.Runtimes["runc"]
+			if c.DefaultRuntimeName != "grouped-default" || def.Snapshotter != "" || def.Options["SystemdCgroup"] != true || def.Options["BinaryName"] != "/opt/runc" {
+				t.Errorf("default handler %q, grouped-default %+v: want grouped-default, runc's options and no snapshotter\n%s", c.DefaultRuntimeName, def, out)
+			}
+			if runc.Snapshotter != "overlayfs" || runc.Options["SystemdCgroup"] != true || runc.Options["BinaryName"] != "/opt/runc" {
+				t.Errorf("handler runc %+v: want overlayfs and its own options", runc)
+			}
+			if img := dump.Plugins.Images; img.Snapshotter != "grouped" || img.RuntimePlatforms["runc"].Snapshotter != "overlayfs" {
+				t.Errorf("CRI images: snapshotter %q, runc's pulls into %q; want grouped and overlayfs", img.Snapshotter, img.RuntimePlatforms["runc"].Snapshotter)
+			}
+			installed := snapshotTree(t, dir)
+			if out := runInstall(t, cri...); strings.Contains(out, "installed /") || snapshotTree(t, dir) != installed {
+				t.Errorf("a second install --cri changed the node:\n%s", out)
+			}
+			runInstall(t, append([]string{"install"}, flags...)...)
+			read()
+			c = dump.Plugins.Runtime.Containerd
+			if _, ok := c.Runtimes["grouped-default"]; ok || c.DefaultRuntimeName != "runc" || c.Runtimes["runc"].Snapshotter != "" || dump.Plugins.Images.Snapshotter != "overlayfs" {
+				t.Errorf("after an install without --cri: default %q, handlers %v, CRI's snapshotter %q; want runc as before", c.DefaultRuntimeName, c.Runtimes, dump.Plugins.Images.Snapshotter)
+			}
+			runInstall(t, append([]string{"uninstall"}, flags[2:]...)...)
+			if after := snapshotTree(t, dir); after != before {
+				t.Errorf("uninstall did not restore the node:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
 	}
 }
 

@@ -15,7 +15,14 @@
 # --host-pid PID        a process in the host's namespaces (default 1)
 # --binary PATH         the grouped-snapshotter binary to install (default:
 #                       next to this script, or bin/grouped-snapshotter)
-# --cri                 also make CRI (kubelet) pull and run with it
+# --cri                 also make CRI (kubelet) pull and run with it: CRI's
+#                       snapshotter becomes grouped, and its default runtime
+#                       handler a copy of the old default (rendered like
+#                       --runtime-handler's, see CRI_HANDLER) that follows
+#                       it, while handler runc keeps containerd's overlayfs
+#                       for the DaemonSet's own pods (RuntimeClass
+#                       grouped-snapshotter-node): they never need grouped
+#                       to start, after a reboot neither
 # --runtime-handler NAME
 #                       instead of --cri: CRI keeps containerd's overlayfs
 #                       for every pod and pull, and gains a runtime handler
@@ -175,6 +182,20 @@ DROPIN=$CONFD/grouped-snapshotter.toml
 CRI_PAUSE=$CONFD/grouped-snapshotter-cri-paused.toml
 # The runtime handler of --runtime-handler, in a file of its own.
 RUNTIME_DROPIN=$CONFD/grouped-snapshotter-runtime.toml
+# With --cri, pods that name no RuntimeClass run with CRI_HANDLER, a copy
+# of containerd's default handler from before the install with no
+# snapshotter of its own (so CRI's: grouped), and SYSTEM_HANDLER, the
+# stock handler the DaemonSet's RuntimeClass names, is pinned to overlayfs,
+# for its pods and (through the pod annotation io.containerd.cri.runtime-
+# handler) its pulls. The DaemonSet's pod then starts without grouped: on a
+# rebooted node without systemd it is what starts the daemon again. The
+# handler must exist before the first install, hence containerd's stock
+# one rather than a new one.
+CRI_HANDLER=grouped-default
+SYSTEM_HANDLER=runc
+# DROPIN records the handler CRI_HANDLER copies, for the next install,
+# whose containerd config dump then names CRI_HANDLER as the default.
+CRI_TEMPLATE_MARK="# CRI's default runtime handler before grouped-snapshotter:"
 IMPORT_PATTERN=$CONFD/*.toml
 RUN_DIR=$(dirname "$SOCKET")
 PIDFILE=$RUN_DIR/grouped-snapshotter.pid
@@ -266,11 +287,26 @@ version = 3
   differ = "walking"
 TOML
 	if [ "$CRI" = 1 ]; then
+		[ -s "$CRI_RENDERED" ] || { echo "install.sh: internal error: CRI's runtime handlers were not rendered" >&2; exit 1; }
 		cat <<TOML
 
 # CRI (kubelet) pulls and runs with grouped-snapshotter.
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "grouped"
+  # Pulls for pods of handler $SYSTEM_HANDLER (the DaemonSet's, whose pod
+  # annotation io.containerd.cri.runtime-handler names it) unpack into
+  # overlayfs: the DaemonSet's own image never needs grouped.
+  [plugins.'io.containerd.cri.v1.images'.runtime_platforms.$SYSTEM_HANDLER]
+    snapshotter = "overlayfs"
+
+# Pods without a RuntimeClass run with $CRI_HANDLER, which follows CRI's
+# snapshotter; $SYSTEM_HANDLER keeps overlayfs (see install.sh's CRI_HANDLER).
+TOML
+		cat "$CRI_RENDERED"
+		cat <<TOML
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.$SYSTEM_HANDLER]
+  snapshotter = "overlayfs"
 TOML
 	fi
 }
@@ -362,11 +398,16 @@ restart_containerd_detached() {
 # --- without systemd: a detached host process in a cgroup of its own ---
 
 # running_pid prints the daemon's pid when the pidfile names a live
-# grouped-snapshotter process.
+# process running $BIN: its command line starts with $BIN (or, for a
+# script, an interpreter and $BIN), as start_detached execs it. A pidfile
+# that outlived the process (a reboot, on a --socket directory that is not
+# a tmpfs) may name a pid reused by another process, one whose command line
+# merely mentions grouped-snapshotter among them (this pod's own shell).
 running_pid() {
 	pid=$(cat "$H$PIDFILE" 2>/dev/null) || return 1
 	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
-	host sh -c "kill -0 $pid 2>/dev/null && grep -q grouped-snapshotter /proc/$pid/cmdline" || return 1
+	# shellcheck disable=SC2016 # expanded by the host's shell
+	host sh -c 'kill -0 "$1" 2>/dev/null && tr "\000" "\n" <"/proc/$1/cmdline" | head -n 2 | grep -qxF -- "$2"' sh "$pid" "$BIN" || return 1
 	echo "$pid"
 }
 
@@ -448,8 +489,9 @@ do_install() {
 	# refused as it is.
 	[ -z "$MOVE" ] || check_move
 	render_runtime
+	render_cri
 	rendered=$(mktemp)
-	trap 'rm -f "$rendered"' EXIT
+	trap 'rm -f "$rendered" "$CRI_RENDERED"' EXIT
 	if install_file "$BINARY" "$H$BIN" 0755; then BINARY_CHANGED=1; fi
 	if [ "$SERVICE_MANAGER" = systemd ]; then
 		unit >"$rendered"
@@ -509,6 +551,52 @@ render_runtime() {
 		echo "install.sh: cannot render runtime handler $RUNTIME_HANDLER from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed" >&2
 		exit 1
 	fi
+}
+
+# render_cri renders, before anything is written, the runtime handler
+# CRI_HANDLER for DROPIN's CRI part (CRI_RENDERED): whenever DROPIN may
+# make grouped CRI's snapshotter here, the first step of --export's switch
+# included. It is a copy of the handler that was containerd's default
+# before the install: the dump's default, or, once an install made
+# CRI_HANDLER the default, the one DROPIN recorded. A handler that cannot
+# be rendered stops the install with the node unchanged.
+CRI_RENDERED=
+render_cri() {
+	[ "$CRI" = 1 ] || [ "$MOVE" = export ] || return 0
+	dump=$(mktemp)
+	raw=$(mktemp)
+	CRI_RENDERED=$(mktemp)
+	template=
+	[ ! -f "$H$DROPIN" ] || template=$(sed -n "s/^$CRI_TEMPLATE_MARK \"\(.*\)\"\$/\1/p" "$H$DROPIN")
+	if host "$CONTAINERD_BIN" --config "$CONTAINERD_CONFIG" config dump >"$dump" 2>"$raw"; then
+		current=$(sed -n "s/^[[:space:]]*default_runtime_name = [\"']\([^\"']*\)[\"']\$/\1/p" "$dump" | head -n 1)
+		[ -n "$template" ] || template=${current:-runc}
+		# A dump whose default is CRI_HANDLER itself (this drop-in's) is
+		# rendered as if the recorded default were still the default.
+		if [ "$template" != "$CRI_HANDLER" ] &&
+			sed "s/^\([[:space:]]*default_runtime_name = \).*\$/\1'$template'/" "$dump" |
+			host "$(abs_binary)" runtime-handler --name "$CRI_HANDLER" --snapshotter "" >"$raw"; then
+			# Its tables go into DROPIN, after tables of its own: no
+			# comments, version or empty parent tables, and the default.
+			{
+				echo "$CRI_TEMPLATE_MARK \"$template\""
+				sed -e '/^#/d' -e '/^version = /d' -e '/^$/d' \
+					-e "/^\[plugins\]\$/d" \
+					-e "/^\[plugins\.'io\.containerd\.cri\.v1\.runtime'\]\$/d" \
+					-e "/^\[plugins\.'io\.containerd\.cri\.v1\.runtime'\.containerd\.runtimes\]\$/d" \
+					-e "/^\[plugins\.'io\.containerd\.cri\.v1\.runtime'\.containerd\]\$/a\\
+default_runtime_name = '$CRI_HANDLER'" "$raw"
+			} >"$CRI_RENDERED"
+			if grep -q "^default_runtime_name = '$CRI_HANDLER'\$" "$CRI_RENDERED"; then
+				rm -f "$dump" "$raw"
+				return 0
+			fi
+		fi
+	fi
+	cat "$raw" >&2
+	rm -f "$dump" "$raw" "$CRI_RENDERED"
+	echo "install.sh: cannot render CRI's default runtime handler $CRI_HANDLER (a copy of ${template:-the default one}) from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed" >&2
+	exit 1
 }
 
 # runtime_dropin installs the rendered drop-in of --runtime-handler, or

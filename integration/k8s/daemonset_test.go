@@ -737,6 +737,13 @@ func cleanupNode(t *testing.T, n node) {
 // systemd: the restart command is the restarter's).
 func daemonSetManifest(t *testing.T, image string, n node) []byte {
 	t.Helper()
+	return daemonSetManifestWith(t, image, n, nil)
+}
+
+// daemonSetManifestWith is daemonSetManifest with the values of more of
+// the manifest's env (an install mode: GS_CRI, GS_RUNTIME_HANDLER, ...).
+func daemonSetManifestWith(t *testing.T, image string, n node, env map[string]string) []byte {
+	t.Helper()
 	data, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -765,8 +772,12 @@ func daemonSetManifest(t *testing.T, image string, n node) []byte {
 			"GS_SERVICE_MANAGER":    "none",
 			"GS_CONTAINERD_RESTART": n.RestartCommand,
 			"GS_CONTAINERD_CONFIG":  n.ContainerdConfig,
+			"GS_CONTAINERD_BIN":     n.ContainerdBin,
 			"GS_ROOT":               n.Root,
 			"GS_SOCKET":             n.Socket,
+		}
+		for k, v := range env {
+			set[k] = v
 		}
 		for i := range c.Env {
 			if v, ok := set[c.Env[i].Name]; ok {

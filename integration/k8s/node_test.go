@@ -40,6 +40,9 @@ type node struct {
 	// socket, for the import and export.
 	ContainerdAddress string
 	RestartCommand    string // GS_CONTAINERD_RESTART
+	// ContainerdBin is GS_CONTAINERD_BIN: the Env's containerd, whose
+	// config dump the runtime handlers are rendered from.
+	ContainerdBin string
 }
 
 func newNode(env *harness.Env) node {
@@ -54,6 +57,7 @@ func newNode(env *harness.Env) node {
 		ContainerdConfig:  env.Containerd.ConfigPath,
 		ContainerdAddress: env.Containerd.Address,
 		RestartCommand:    filepath.Join(dir, "restart-containerd"),
+		ContainerdBin:     env.Containerd.Bin(),
 	}
 }
 

@@ -241,6 +241,7 @@ func (n node) installEnv(env *harness.Env) []string {
 		"GS_CONTAINERD_RESTART=" + n.RestartCommand,
 		"GS_CONTAINERD_CONFIG=" + n.ContainerdConfig,
 		"GS_CONTAINERD_ADDRESS=" + n.ContainerdAddress,
+		"GS_CONTAINERD_BIN=" + n.ContainerdBin,
 		"GS_ROOT=" + n.Root,
 		"GS_SOCKET=" + n.Socket,
 		"GS_BIN_DIR=" + n.BinDir,

@@ -320,14 +320,56 @@ func (c *Cluster) run(name string, args []string) (*harness.Process, error) {
 	return p, nil
 }
 
-// proc returns the started component called name, or nil.
+// proc returns the component called name started last (StartKubelet
+// starts one again), or nil.
 func (c *Cluster) proc(name string) *harness.Process {
-	for _, p := range c.procs {
-		if p.Name() == name {
-			return p
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if c.procs[i].Name() == name {
+			return c.procs[i]
 		}
 	}
 	return nil
+}
+
+// KillKubelet ends the kubelet with SIGKILL, as a power cut would: it
+// cleans nothing up. StartKubelet starts it again.
+func (c *Cluster) KillKubelet() error {
+	p := c.proc("kubelet")
+	if p == nil {
+		return errors.New("the cluster has no kubelet")
+	}
+	if done, _ := p.Exited(); done {
+		return nil
+	}
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill kubelet (pid %d): %w", p.PID(), err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if done, _ := p.Exited(); done {
+			c.logf("killed kubelet (pid %d)", p.PID())
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubelet (pid %d) still runs 10 s after SIGKILL", p.PID())
+		}
+	}
+}
+
+// StartKubelet starts a kubelet whose predecessor KillKubelet ended, with
+// the same configuration and root directory, as a node's boot does, and
+// waits until it answers its health check (not until the node is Ready:
+// that needs the container runtime, which the caller may start later).
+func (c *Cluster) StartKubelet(ctx context.Context) error {
+	if p := c.proc("kubelet"); p != nil {
+		if done, _ := p.Exited(); !done {
+			return fmt.Errorf("a kubelet (pid %d) still runs", p.PID())
+		}
+	}
+	kubelet, err := c.run("kubelet", c.kubeletArgs())
+	if err != nil {
+		return err
+	}
+	return kubelet.WaitReady(ctx, time.Minute, httpOK(c.api.plain, "http://"+hostPort("127.0.0.1", c.ports.kubeletHealthz)+"/healthz"))
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }

@@ -115,6 +115,8 @@ func (g *GroupedNode) installer(ctx context.Context, args ...string) (string, er
 		"GS_CONTAINERD_RESTART=true",
 		"GS_CONTAINERD_CONFIG="+g.env.Containerd.ConfigPath,
 		"GS_CONTAINERD_ADDRESS="+g.env.Containerd.Address,
+		// --cri renders CRI's default runtime handler from its config dump.
+		"GS_CONTAINERD_BIN="+g.env.Containerd.Bin(),
 		"GS_ROOT="+g.Root,
 		"GS_SOCKET="+g.Socket,
 		"GS_BIN_DIR="+g.BinDir,
