@@ -70,6 +70,13 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 	return m
 }
 
+// WatchContainerd exports whether the containerd whose version version
+// returns (as last learned, never waiting) gains from grouped for
+// user-namespaced pods (grouped_snapshotter_containerd_idmaps_per_layer).
+func (m *Metrics) WatchContainerd(version func() (string, error)) {
+	m.Registry.MustRegister(&containerdCollector{version: version})
+}
+
 // Instrument wraps sn so that every call is counted and timed.
 func (m *Metrics) Instrument(sn snapshots.Snapshotter) snapshots.Snapshotter {
 	return &instrumented{Snapshotter: sn, m: m}

@@ -38,6 +38,7 @@ func TestMetrics(t *testing.T) {
 		}
 	})
 	m := New(sn)
+	m.WatchContainerd(func() (string, error) { return "v2.0.5", nil })
 	s := m.Instrument(sn)
 	ctx := namespaces.WithNamespace(context.Background(), "test")
 
@@ -147,6 +148,7 @@ func TestMetrics(t *testing.T) {
 		// then MS_PRIVATE); no mapped parent.
 		{"grouped_snapshotter_mount_syscalls_total", nil, 2},
 		{"grouped_snapshotter_orphans_unremovable", nil, 1},
+		{"grouped_snapshotter_containerd_idmaps_per_layer", map[string]string{"version": "v2.0.5"}, 1},
 	} {
 		got, err := value(c.name, c.labels)
 		if err != nil || got != c.want {

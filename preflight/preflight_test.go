@@ -221,3 +221,14 @@ func TestCheckKubeletStats(t *testing.T) {
 		})
 	}
 }
+
+// TestUsernsGain: check says from containerd's version whether
+// user-namespaced pods gain from grouped there.
+func TestUsernsGain(t *testing.T) {
+	for v, want := range map[string]Status{"v2.0.5": OK, "v2.1.4": OK, "v2.0.7": Warn, "v2.4.2": Warn, "weird": Warn} {
+		status, detail := usernsGain(v)
+		if status != want || !strings.Contains(detail, v) {
+			t.Errorf("usernsGain(%q) = %s %q, want %s naming the version", v, status, detail, want)
+		}
+	}
+}

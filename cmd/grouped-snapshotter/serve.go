@@ -150,6 +150,7 @@ func serve(c *cli.Context) error {
 		}
 	}()
 	m := metrics.New(sn)
+	m.WatchContainerd(containerd.Version)
 	if cfg.MetricsAddress != "" {
 		if err := server.ServeHTTP(ctx, cfg.MetricsAddress, "metrics", m.Handler()); err != nil {
 			return fmt.Errorf("serve metrics on %q: %w", cfg.MetricsAddress, err)

@@ -80,6 +80,7 @@ type Client struct {
 	mu           sync.Mutex
 	known        bool
 	major, minor int
+	version      string
 	err          error
 }
 
@@ -221,11 +222,18 @@ func probe(address string) error {
 
 // learn asks containerd once and records the answer.
 func (c *Client) learn(ctx context.Context, conn *grpc.ClientConn) bool {
-	major, minor, err := ask(ctx, conn, c.address, false)
+	version, err := ask(ctx, conn, c.address, false)
+	var major, minor int
+	if err == nil {
+		major, minor, err = Parse(version)
+	}
 	if err != nil && !errdefs.IsInvalidArgument(err) {
 		// Release's errors all say alike that containerd is away.
 		err = fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}
+	c.mu.Lock()
+	c.version = version
+	c.mu.Unlock()
 	c.set(ctx, major, minor, err)
 	return err == nil
 }
@@ -252,6 +260,17 @@ func (c *Client) Release(context.Context) (major, minor int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.major, c.minor, c.err
+}
+
+// Version returns containerd's version string as last learned, or why it
+// is not known; it never waits for containerd.
+func (c *Client) Version() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return "", c.err
+	}
+	return c.version, nil
 }
 
 // Close stops learning and closes the connection.
@@ -419,22 +438,57 @@ func (w *socketWatch) close() {
 // Ask asks the containerd at address for its release once, waiting for it
 // to answer for a short while.
 func Ask(ctx context.Context, address string) (major, minor int, err error) {
-	conn, err := dial(address, 0)
+	version, err := AskVersion(ctx, address)
 	if err != nil {
 		return 0, 0, err
+	}
+	return Parse(version)
+}
+
+// AskVersion asks the containerd at address for its version string once,
+// waiting for it to answer for a short while.
+func AskVersion(ctx context.Context, address string) (string, error) {
+	conn, err := dial(address, 0)
+	if err != nil {
+		return "", err
 	}
 	defer conn.Close()
 	return ask(ctx, conn, address, true)
 }
 
-func ask(ctx context.Context, conn *grpc.ClientConn, address string, waitForReady bool) (major, minor int, err error) {
+func ask(ctx context.Context, conn *grpc.ClientConn, address string, waitForReady bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	v, err := versionapi.NewVersionClient(conn).Version(ctx, &emptypb.Empty{}, grpc.WaitForReady(waitForReady))
 	if err != nil {
-		return 0, 0, fmt.Errorf("ask containerd at %q for its version: %w", address, err)
+		return "", fmt.Errorf("ask containerd at %q for its version: %w", address, err)
 	}
-	return Parse(v.GetVersion())
+	return v.GetVersion(), nil
+}
+
+// IdmapsPerLayer reports whether the containerd of version makes one
+// idmapped mount per image layer at every user-namespaced container start:
+// 2.0 before 2.0.7 and 2.1 before 2.1.5 (containerd#12048). There
+// user-namespaced pods start faster on grouped, whose one overlay reads
+// every layer through one mapped parent; later releases idmap once per
+// start and gain nothing.
+func IdmapsPerLayer(version string) (bool, error) {
+	major, minor, err := Parse(version)
+	if err != nil {
+		return false, err
+	}
+	patch := 0
+	s := strings.TrimPrefix(version, "v")
+	if parts := strings.SplitN(s, ".", 3); len(parts) == 3 {
+		digits := parts[2]
+		if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+			digits = digits[:i]
+		}
+		if patch, err = strconv.Atoi(digits); err != nil {
+			return false, fmt.Errorf("containerd version %q is not major.minor.patch: %w", version, errdefs.ErrInvalidArgument)
+		}
+	}
+	return major == 2 && (minor == 0 && patch < 7 || minor == 1 && patch < 5), nil
 }
 
 // Parse reads the major and minor release of a containerd version string:

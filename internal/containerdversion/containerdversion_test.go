@@ -307,3 +307,21 @@ func TestNewRefusesRelativeAddress(t *testing.T) {
 		t.Fatalf("Ask(relative): err = %v, want InvalidArgument", err)
 	}
 }
+
+// TestIdmapsPerLayer: the releases whose user-namespaced starts idmap every
+// layer (containerd#12048) are the ones where grouped gains.
+func TestIdmapsPerLayer(t *testing.T) {
+	for v, want := range map[string]bool{
+		"v2.0.0": true, "v2.0.5": true, "2.0.6": true, "v2.0.7": false, "v2.0.10": false,
+		"v2.1.0-rc.1": true, "v2.1.4": true, "v2.1.5": false,
+		"v2.2.0": false, "v2.3.7": false, "v2.4.2": false, "v1.7.27": false,
+	} {
+		got, err := IdmapsPerLayer(v)
+		if err != nil || got != want {
+			t.Errorf("IdmapsPerLayer(%q) = %v, %v; want %v", v, got, err, want)
+		}
+	}
+	if _, err := IdmapsPerLayer("2.x"); err == nil {
+		t.Error("IdmapsPerLayer of a version without numbers: no error")
+	}
+}
