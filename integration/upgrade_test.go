@@ -73,10 +73,12 @@ func TestUpgradeAndRollback(t *testing.T) {
 	checkRunning(t, env, c, m3)
 	d := containerID("up-d")
 	runDetachedWith(t, env, d, ref, m4.flags(), "sleep", "600")
-	wantViews(t, env, 3, "a new mapping after the rollback")
+	// The format 1 daemon keeps the views it finds mounted (m3's) and
+	// mounts the others at their next use, as this build does.
+	wantViews(t, env, 2, "a new mapping after the rollback")
 	removeContainer(t, env, c)
-	wantViews(t, env, 2, "a removal after the rollback")
-	checkViewMappings(t, env, map[mapping]bool{m2: true, m4: true})
+	wantViews(t, env, 1, "a removal after the rollback")
+	checkViewMappings(t, env, map[mapping]bool{m4: true})
 
 	swap(newBin, "upgrade again")
 	if f := metadataFormat(t, env); f != "2" {
