@@ -977,8 +977,14 @@ func buildImage(t *testing.T, env *harness.Env, spec harness.ImageSpec) string {
 func buildInstallerImage(t *testing.T, env *harness.Env, version string) string {
 	t.Helper()
 	ref := env.Registry.Host + "/grouped-snapshotter:" + version
+	// The tools `make tools` built (crane, grpc-health-probe): an Env of
+	// an older containerd links only the binaries it runs.
+	tools, err := harness.FindTools(repoFile(t, "."))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.CommandContext(t.Context(), repoFile(t, "hack/build-image.sh"), ref)
-	cmd.Env = append(os.Environ(), "INSECURE=1", "VERSION="+version, harness.ToolsEnv+"="+env.Tools.Dir)
+	cmd.Env = append(os.Environ(), "INSECURE=1", "VERSION="+version, harness.ToolsEnv+"="+tools.Dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build installer image: %v\n%s", err, out)
 	}

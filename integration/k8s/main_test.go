@@ -75,6 +75,11 @@ func logf(format string, args ...any) {
 	}
 }
 
+// ContainerdEnv names the containerd release the package's cluster runs
+// (one of harness.ContainerdVersions; default the harness's, the newest),
+// to run the Kubernetes tests on an older one too.
+const ContainerdEnv = "GS_K8S_CONTAINERD"
+
 // testCluster returns the CRI-enabled Env (containerd's own overlayfs
 // snapshotter, conf.d imports) and the single-node cluster on it, shared
 // by the package's tests and started on first use. It fails the test when
@@ -98,6 +103,7 @@ func testCluster(t *testing.T) (*harness.Env, *kube.Cluster) {
 		}
 		t0 := time.Now()
 		sharedEnv, clusterErr = harness.Start(ctx, harness.Options{
+			Containerd:        os.Getenv(ContainerdEnv),
 			CRI:               true,
 			Snapshotter:       harness.SnapshotterOverlayfs,
 			ContainerdImports: true,
