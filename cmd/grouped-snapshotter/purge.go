@@ -251,7 +251,7 @@ func rootUsers(root string, mounts []*mountinfo.Info, ignore []mountKey) ([]root
 	// (topmost) of those stacked there.
 	var home *mountinfo.Info
 	for _, m := range mounts {
-		if !within(roots[len(roots)-1], m.Mountpoint) {
+		if !within(m.Mountpoint, roots[len(roots)-1]) {
 			continue
 		}
 		if home == nil || len(m.Mountpoint) >= len(home.Mountpoint) {

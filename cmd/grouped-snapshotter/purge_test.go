@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
@@ -406,4 +408,48 @@ func treeOf(t *testing.T, root string) string {
 		t.Fatal(err)
 	}
 	return b.String()
+}
+
+// TestPurgeWithMappedParentsMounted: a stopped daemon leaves its mapped
+// parents mounted under v/ (mode auto on containerd before 2.3). They are
+// grouped's own: purge unmounts them and deletes the root, and does not take
+// one of them for the mount that holds the root (which made the bind mount
+// holding the root look like a user of it).
+func TestPurgeWithMappedParentsMounted(t *testing.T) {
+	requireRoot(t)
+	// The root inside a directory that is a bind mount of its own, as a
+	// node's data disk often is.
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	root := filepath.Join(dir, "root")
+	layOutRoot(t, root)
+	sn, err := snapshot.New(root, snapshot.Config{IDMap: snapshot.IDMapMapped})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := snapshots.WithLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:100000:65536"})
+	if _, err := sn.Prepare(context.Background(), "remapped", "layer2", labels); err != nil {
+		t.Fatal(err)
+	}
+	sn.Close()
+	if mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Join(root, "v"))); err != nil || len(mounts) < 2 {
+		t.Fatalf("mounts under v/ before the purge: %d (%v), want v/ and a mapped parent", len(mounts), err)
+	}
+	out, err := runPurge("--root", root, "--address", filepath.Join(dir, "gs.sock"))
+	if err != nil {
+		t.Fatalf("purge with mapped parents mounted: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("root still there after purge (%v):\n%s", err, out)
+	}
 }
