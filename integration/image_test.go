@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,6 +61,19 @@ func TestInstallerImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	// --cri renders CRI's default handler from the host's `containerd
+	// config dump`, run through nsenter into the host's namespaces as in the
+	// pod (hostPID; this test process stands for the host's PID 1, which
+	// this machine does not let it enter): the chroot needs a /proc, and
+	// this machine's containerd is the tools' (with no config file it dumps
+	// the defaults).
+	proc := filepath.Join(rootfs, "proc")
+	os.MkdirAll(proc, 0o555)
+	if err := unix.Mount("proc", proc, "proc", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(proc, unix.MNT_DETACH)
+	hostFlags := []string{"--containerd-bin", env.Tools.Path("containerd"), "--host-pid", strconv.Itoa(os.Getpid())}
 	run := func(args ...string) string {
 		c := exec.Command("chroot", append([]string{rootfs, "/bin/sh", "/deploy/install.sh"}, args...)...)
 		c.Env = []string{"PATH=/usr/local/bin:/bin"}
@@ -69,7 +83,7 @@ func TestInstallerImage(t *testing.T) {
 		}
 		return string(out)
 	}
-	out := run("install", "--host-root", "/host", "--binary", "/usr/local/bin/grouped-snapshotter", "--cri", "--no-start")
+	out := run(append([]string{"install", "--host-root", "/host", "--binary", "/usr/local/bin/grouped-snapshotter", "--cri", "--no-start"}, hostFlags...)...)
 	drop, err := os.ReadFile(filepath.Join(host, "etc/containerd/conf.d/grouped-snapshotter.toml"))
 	if err != nil || !strings.Contains(string(drop), `snapshotter = "grouped"`) {
 		t.Fatalf("drop-in after install in the image: %v\n%s\n%s", err, drop, out)
@@ -77,7 +91,7 @@ func TestInstallerImage(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(host, "usr/local/bin/grouped-snapshotter")); err != nil {
 		t.Error("binary not installed on the host")
 	}
-	if out := run("install", "--host-root", "/host", "--binary", "/usr/local/bin/grouped-snapshotter", "--cri", "--no-start"); strings.Contains(out, "installed /") {
+	if out := run(append([]string{"install", "--host-root", "/host", "--binary", "/usr/local/bin/grouped-snapshotter", "--cri", "--no-start"}, hostFlags...)...); strings.Contains(out, "installed /") {
 		t.Errorf("second install in the image changed files:\n%s", out)
 	}
 	run("uninstall", "--host-root", "/host", "--no-start")
