@@ -871,6 +871,9 @@ func TestInstallRuntimeHandler(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no handler drop-in: %v\n%s", err, out)
 	}
+	if !strings.Contains(out, "kubelet sees no writable-layer usage of pods of handler grouped") {
+		t.Errorf("the install's log does not say that kubelet misses the handler's pods' writable layers:\n%s", out)
+	}
 	var handler struct {
 		Plugins map[string]struct {
 			Containerd struct {
