@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
@@ -25,6 +26,8 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := map[string]int{}
+	classes := map[string]string{} // RuntimeClass -> handler
+	var daemonSetClass *string
 	for i, doc := range bytes.Split(data, []byte("\n---\n")) {
 		var meta struct{ Kind string }
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
@@ -38,6 +41,8 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			obj = &corev1.ServiceAccount{}
 		case "DaemonSet":
 			obj = &appsv1.DaemonSet{}
+		case "RuntimeClass":
+			obj = &nodev1.RuntimeClass{}
 		default:
 			t.Fatalf("document %d: unexpected kind %q", i, meta.Kind)
 		}
@@ -45,12 +50,22 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Fatalf("%s: %v", meta.Kind, err)
 		}
 		kinds[meta.Kind]++
-		if ds, ok := obj.(*appsv1.DaemonSet); ok {
-			checkDaemonSet(t, ds)
+		switch o := obj.(type) {
+		case *appsv1.DaemonSet:
+			checkDaemonSet(t, o)
+			daemonSetClass = o.Spec.Template.Spec.RuntimeClassName
+		case *nodev1.RuntimeClass:
+			classes[o.Name] = o.Handler
 		}
 	}
-	if kinds["DaemonSet"] != 1 || kinds["Namespace"] != 1 || kinds["ServiceAccount"] != 1 {
+	if kinds["DaemonSet"] != 1 || kinds["Namespace"] != 1 || kinds["ServiceAccount"] != 1 || kinds["RuntimeClass"] != 1 {
 		t.Errorf("objects: %v", kinds)
+	}
+	// The installer's pod must never need grouped to start (a node without
+	// systemd after a reboot): its RuntimeClass names containerd's stock
+	// handler, which the install keeps on containerd's own snapshotter.
+	if daemonSetClass == nil || classes[*daemonSetClass] != "runc" {
+		t.Errorf("the DaemonSet's pod has RuntimeClass %v (handlers %v), want one whose handler is runc", daemonSetClass, classes)
 	}
 }
 
