@@ -610,7 +610,7 @@ runtime_dropin() {
 			echo "runtime handler $RUNTIME_HANDLER runs its pods on grouped; CRI's other pods and its pulls stay on its snapshotter"
 			# containerd's CRI syncs writable-layer usage for its default
 			# snapshotter only (plugins/cri/images/plugin.go, 2.0 to 2.4).
-			echo "note: kubelet sees no writable-layer usage of pods of handler $RUNTIME_HANDLER (containerd's CRI reports it for its default snapshotter only), so their ephemeral-storage limits and eviction miss what they write: alert on grouped_snapshotter_writable_layer_bytes (docs/operations.md)"
+			echo "note: kubelet sees no writable-layer usage of pods of handler $RUNTIME_HANDLER (containerd's CRI reports it for its default snapshotter only), and while one runs kubelet's eviction manager fails to get summary stats and evicts no pod on the node: alert on grouped_snapshotter_writable_layer_bytes (docs/operations.md)"
 		fi
 		rm -f "$RUNTIME_RENDERED"
 	elif [ -f "$H$RUNTIME_DROPIN" ]; then

@@ -260,7 +260,7 @@ func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status
 		return
 	}
 	sort.Strings(names)
-	add("kubelet-stats", Warn, "pods of runtime handler %s run on %s, but containerd's CRI reports writable-layer usage only for its default snapshotter: kubelet sees 0 bytes for them, so their ephemeral-storage limits and eviction ranking miss what they write; watch grouped_snapshotter_writable_layer_bytes instead (docs/operations.md, Observability)", strings.Join(names, ", "), o.Name)
+	add("kubelet-stats", Warn, "pods of runtime handler %s run on %s, but containerd's CRI reports writable-layer usage only for its default snapshotter: kubelet sees none of what they write, and while one runs its eviction manager fails to get summary stats and evicts no pod on the node (seen with containerd 2.4 and Kubernetes 1.37); watch grouped_snapshotter_writable_layer_bytes (docs/operations.md, Observability)", strings.Join(names, ", "), o.Name)
 }
 
 // checkDiffer checks that containerd's diff service does not ask the
