@@ -259,16 +259,16 @@ func removeCgroups(ns string) error {
 		children, _ := filepath.Glob(filepath.Join(dir, "*"))
 		for _, c := range children {
 			if st, err := os.Stat(c); err == nil && st.IsDir() {
-				errs = append(errs, rmdirCgroup(c))
+				errs = append(errs, RmdirCgroup(c))
 			}
 		}
-		errs = append(errs, rmdirCgroup(dir))
+		errs = append(errs, RmdirCgroup(dir))
 	}
 	return errors.Join(errs...)
 }
 
 // rmdirCgroup removes an empty cgroup, retrying while its last tasks exit.
-func rmdirCgroup(dir string) error {
+func RmdirCgroup(dir string) error {
 	var err error
 	for range 50 {
 		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {

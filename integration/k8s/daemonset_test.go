@@ -641,37 +641,9 @@ func rollout(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *resta
 // grouped-snapshotter, run the uninstall in every DaemonSet pod, delete the
 // objects.
 func uninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before, many string) {
-	ctx := t.Context()
 	kubectl(t, cl, "delete", "deploy/app", "--wait", "--timeout=120s")
 	kubectl(t, cl, "delete", "pod", "keeper", "after-rollout", "--wait", "--timeout=120s")
-	restartsBefore := len(rs.Restarts())
-	for _, p := range podsIn(t, cl, dsNS) {
-		out := kubectl(t, cl, "-n", dsNS, "exec", p.Name, "--", "/deploy/install.sh", "uninstall", "--purge")
-		t.Logf("uninstall in %s:\n%s", p.Name, out)
-	}
-	if pid := n.DaemonPID(); pid != 0 {
-		t.Errorf("daemon still running (pid %d) after uninstall", pid)
-	}
-	// The restart runs detached: the exec session ends with containerd.
-	harness.Eventually(t, 60*time.Second, func() error {
-		if got := len(rs.Restarts()) - restartsBefore; got != 1 {
-			return fmt.Errorf("uninstall restarted containerd %d times, want 1", got)
-		}
-		return nil
-	})
-	manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.KubectlStdin(ctx, manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 120*time.Second, func() error {
-		if after := nodeState(t, env, n); after != before {
-			return fmt.Errorf("node not as before the install:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-		return nil
-	})
+	documentedUninstall(t, env, cl, n, rs, before)
 	// CRI is back on containerd's own snapshotter.
 	kubectlApply(t, cl, deploymentManifest("back", many, 1))
 	kubectl(t, cl, "rollout", "status", "deploy/back", "--timeout=180s")
@@ -1001,3 +973,38 @@ func repoFile(t *testing.T, rel string) string {
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+// documentedUninstall follows the README: uninstall --purge in every pod
+// of the DaemonSet (one restart of containerd), then delete the manifest's
+// objects; the node must end as it was before the install (before).
+func documentedUninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before string) {
+	t.Helper()
+	restartsBefore := len(rs.Restarts())
+	for _, p := range podsIn(t, cl, dsNS) {
+		out := kubectl(t, cl, "-n", dsNS, "exec", p.Name, "--", "/deploy/install.sh", "uninstall", "--purge")
+		t.Logf("uninstall in %s:\n%s", p.Name, out)
+	}
+	if pid := n.DaemonPID(); pid != 0 {
+		t.Errorf("daemon still running (pid %d) after uninstall", pid)
+	}
+	// The restart runs detached: the exec session ends with containerd.
+	harness.Eventually(t, 60*time.Second, func() error {
+		if got := len(rs.Restarts()) - restartsBefore; got != 1 {
+			return fmt.Errorf("uninstall restarted containerd %d times, want 1", got)
+		}
+		return nil
+	})
+	manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.KubectlStdin(t.Context(), manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 120*time.Second, func() error {
+		if after := nodeState(t, env, n); after != before {
+			return fmt.Errorf("node not as before the install:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		return nil
+	})
+}

@@ -191,28 +191,7 @@ func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *re
 
 	// The documented uninstall, and the node is as before the install.
 	kubectl(t, cl, "delete", "pod", "before-reboot", "after-reboot", "--wait", "--timeout=120s")
-	restartsBefore = len(rs.Restarts())
-	out := kubectl(t, cl, "-n", dsNS, "exec", dsPod.Name, "--", "/deploy/install.sh", "uninstall", "--purge")
-	t.Logf("uninstall:\n%s", out)
-	harness.Eventually(t, 60*time.Second, func() error {
-		if got := len(rs.Restarts()) - restartsBefore; got != 1 {
-			return fmt.Errorf("uninstall restarted containerd %d times, want 1", got)
-		}
-		return nil
-	})
-	manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.KubectlStdin(ctx, manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 120*time.Second, func() error {
-		if after := nodeState(t, env, n); after != before {
-			return fmt.Errorf("node not as before the install:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-		return nil
-	})
+	documentedUninstall(t, env, cl, n, rs, before)
 }
 
 // reboot stops the node's stack as a power cut does and clears what a
@@ -307,7 +286,7 @@ func reboot(t *testing.T, env *harness.Env, cl *kube.Cluster, n node) int {
 	// cgroups are recreated at boot: the pods' and the daemon's are gone
 	// (the kubelet's cgroupRoot is made before it starts, as at Start).
 	for _, d := range append(podCgroupDirs(cgroups), cgroupDirs()...) {
-		if err := rmdirRetry(d); err != nil {
+		if err := harness.RmdirCgroup(d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -397,21 +376,6 @@ func podCgroupDirs(roots []string) []string {
 	}
 	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
 	return dirs
-}
-
-// rmdirRetry removes an empty cgroup, retrying while its last tasks exit.
-func rmdirRetry(dir string) error {
-	var err error
-	for range 100 {
-		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, syscall.EBUSY) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("remove cgroup %s: %w", dir, err)
 }
 
 // checkSnapshotter fails t unless containerd's container (or sandbox) id
