@@ -17,6 +17,7 @@ import (
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/kube"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
 )
 
 // TestDaemonSetReboot reboots, as far as a test can, a node without
@@ -66,7 +67,7 @@ func TestDaemonSetReboot(t *testing.T) {
 			env: map[string]string{"GS_CRI": "false", "GS_MOVE_IMAGES": "false", "GS_RUNTIME_HANDLER": "grouped"}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			rebootMode(t, env, cl, n, rs, image, workload, mode.env, mode.class)
+			rebootMode(t, env, cl, n, rs, image, workload, mode.name, mode.env, mode.class)
 		})
 		if t.Failed() {
 			return
@@ -74,7 +75,7 @@ func TestDaemonSetReboot(t *testing.T) {
 	}
 }
 
-func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, image, workload string, dsEnv map[string]string, class string) {
+func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, image, workload, mode string, dsEnv map[string]string, class string) {
 	ctx := t.Context()
 	before := nodeState(t, env, n)
 	if class != "" {
@@ -136,7 +137,8 @@ func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *re
 	// image list the images whose unpack in its snapshotter it could not
 	// check (GS_CRI=true): kubelet pulled them again, into overlayfs, where
 	// nothing but the manifests was missing. Said in docs/operations.md.
-	if reqs := registryRequestsSince(t, env, regLog.Size()); len(reqs) > 0 {
+	reqs := registryRequestsSince(t, env, regLog.Size())
+	if len(reqs) > 0 {
 		t.Logf("registry requests while the node booted: %d\n%s", len(reqs), strings.Join(reqs, "\n"))
 	}
 	if !n.answers(ctx) {
@@ -188,10 +190,78 @@ func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *re
 	}
 	t.Logf("after the reboot: the DaemonSet's pod Ready %s after containerd and the kubelet started, the pod from before the reboot Ready after %s, a new user-namespaced pod Ready %s after its creation",
 		dsBack.Round(time.Millisecond), userBack.Round(time.Millisecond), since(t1))
+	if t.Failed() {
+		t.Logf("not writing %s: the mode did not come back", results.RebootFile)
+	} else {
+		path, err := results.UpdateReboot(filepath.Join("..", ".."), results.RebootRow{
+			Containerd: env.ContainerdVersion, Kubernetes: kube.KubernetesVersion, Mode: mode, CameBack: true,
+			DaemonSetReadySeconds: seconds(dsBack), PodReadySeconds: seconds(userBack), RegistryRequests: len(reqs),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote the %s row of %s to %s (`make update-results` copies it over the committed file)", mode, env.ContainerdVersion, path)
+	}
+	if mode == results.ModeCRI {
+		// What kubelet sees of a pod on grouped as CRI's snapshotter, for
+		// the row TestRuntimeHandler writes of the other mode.
+		criKubeletStats(t, env, cl, n, workload)
+	}
 
 	// The documented uninstall, and the node is as before the install.
 	kubectl(t, cl, "delete", "pod", "before-reboot", "after-reboot", "--wait", "--timeout=120s")
 	documentedUninstall(t, env, cl, n, rs, before)
+}
+
+// criKubeletStats records what kubelet does, with grouped as CRI's
+// snapshotter, with a pod that writes past its ephemeral-storage limit:
+// CRI reports the writable layer's usage (containerd syncs its default
+// snapshotter's, plugins/cri/images/plugin.go) and kubelet evicts the pod.
+func criKubeletStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, image string) {
+	t.Helper()
+	kubectlApply(t, cl, writerPodYAML("es-cri", image, ""))
+	defer kubectl(t, cl, "delete", "pod", "es-cri", "--ignore-not-found", "--wait", "--timeout=60s")
+	kubectl(t, cl, "wait", "--for=condition=Ready", "--timeout=120s", "pod/es-cri")
+	p := getPod(t, cl, "es-cri")
+	id := containerID(t, p, "writer")
+	checkSnapshotter(t, env, "pod es-cri", id, harness.SnapshotterGrouped)
+	t0 := time.Now()
+	var criBytes, size int64
+	var criFS string
+	const wait = 2 * time.Minute
+	for deadline := t0.Add(wait); ; time.Sleep(2 * time.Second) {
+		p := getPod(t, cl, "es-cri")
+		if p.Status.Phase == "Failed" {
+			t.Logf("%s after it was Ready, kubelet evicted the pod on grouped (CRI's snapshotter): %s: %s; CRI had reported its writable layer at %d bytes on %q, grouped measured %d",
+				since(t0), p.Status.Reason, p.Status.Message, criBytes, criFS, size)
+			if p.Status.Reason != "Evicted" {
+				t.Errorf("pod es-cri failed with reason %q, want Evicted", p.Status.Reason)
+			}
+			if criBytes < writtenBytes {
+				t.Errorf("CRI reported %d bytes for the writable layer of a container that wrote %d on grouped as CRI's snapshotter", criBytes, writtenBytes)
+			}
+			writeKubeletStats(t, env, results.KubeletStatsRow{
+				Mode: results.ModeCRI, CRIBytes: criBytes, CRIFilesystem: criFS, GroupedBytes: size,
+				Watched:             "the pod on grouped past its limit",
+				Evicted:             true,
+				WaitedSeconds:       seconds(wait),
+				EvictedAfterSeconds: seconds(time.Since(t0)),
+			})
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubelet did not evict pod es-cri, %s past its %s limit on grouped as CRI's snapshotter, within %s (CRI reports %d bytes on %q):\n%s",
+				"20 MiB", writerLimit, wait, criBytes, criFS, describe(t, cl, "pod/es-cri"))
+		}
+		// The last figures before the eviction: CRI syncs usage every 10s.
+		// (The pod may be evicted meanwhile: then no figures.)
+		if b, fs, err := readWritableLayer(t, env, id); err == nil && b >= criBytes {
+			criBytes, criFS = b, fs
+		}
+		if s := groupedBytes(t, n, id); s >= 0 {
+			size = s
+		}
+	}
 }
 
 // reboot stops the node's stack as a power cut does and clears what a

@@ -6,12 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/kube"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/results"
 )
 
 // TestRuntimeHandler installs grouped-snapshotter in runtime-handler mode
@@ -161,28 +163,7 @@ spec:%[3]s
 // pod, which it evicts once the grouped pod is gone.
 func ephemeralStorage(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, image string) {
 	t.Helper()
-	pod := func(name, runtimeClass string) []byte {
-		spec := ""
-		if runtimeClass != "" {
-			spec = "\n  runtimeClassName: " + runtimeClass
-		}
-		return fmt.Appendf(nil, `apiVersion: v1
-kind: Pod
-metadata:
-  name: %[1]s
-spec:%[3]s
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  restartPolicy: Never
-  containers:
-    - name: writer
-      image: %[2]s
-      command: ["sh", "-c", "dd if=/dev/zero of=/written bs=1048576 count=20 && sleep 3600"]
-      resources:
-        limits:
-          ephemeral-storage: 5Mi
-`, name, image, spec)
-	}
+	pod := func(name, runtimeClass string) []byte { return writerPodYAML(name, image, runtimeClass) }
 	kubectlApply(t, cl, append(pod("es-overlayfs", ""), append([]byte("---\n"), pod("es-grouped", "grouped")...)...))
 	defer kubectl(t, cl, "delete", "pod", "es-overlayfs", "es-grouped", "--ignore-not-found", "--wait", "--timeout=60s")
 	kubectl(t, cl, "wait", "--for=condition=Ready", "--timeout=120s", "pod/es-grouped", "pod/es-overlayfs")
@@ -194,17 +175,100 @@ spec:%[3]s
 	before := logged()
 	// CRI's stats sync and kubelet's eviction manager each run every 10s
 	// (without the grouped pod kubelet evicts such a pod within about 30s).
-	time.Sleep(45 * time.Second)
+	const waited = 45 * time.Second
+	time.Sleep(waited)
 	p, g := getPod(t, cl, "es-overlayfs"), getPod(t, cl, "es-grouped")
 	failures := logged() - before
+	evictedWhileRan := p.Status.Phase == "Failed"
 	t.Logf("45s after both pods wrote 20 MiB past their 5Mi limit: the overlayfs pod is %s, the grouped one %s; kubelet logged %d failures to get summary stats", p.Status.Phase, g.Status.Phase, failures)
 	if p.Status.Phase != "Running" || g.Status.Phase != "Running" || failures == 0 {
 		t.Errorf("want both pods Running and kubelet failing to get summary stats while a pod of runtime class grouped runs (the behaviour the docs describe): %s, %s, %d failures", p.Status.Phase, g.Status.Phase, failures)
 	}
 	id := containerID(t, g, "writer")
-	out, err := env.CRI.Crictl(t.Context(), "stats", "-o", "json", "--id", id)
+	criBytes, criFS := criWritableLayer(t, env, id)
+	t.Logf("CRI reports the grouped container's writable layer as %d bytes on filesystem %q", criBytes, criFS)
+	if criBytes != 0 {
+		t.Errorf("CRI reports %d bytes for the grouped container's writable layer; has containerd started syncing other snapshotters' usage? then update check's kubelet-stats and the docs", criBytes)
+	}
+	// grouped itself measures the bytes (what its writable-layer metric
+	// exports).
+	size := groupedBytes(t, n, id)
+	t.Logf("grouped measures that container's writable layer at %d bytes", size)
+	if size < 20<<20 {
+		t.Errorf("grouped measures the grouped pod's writable layer at %d bytes, want at least the 20 MiB it wrote", size)
+	}
+	// With the grouped pod gone kubelet can list stats again, and evicts.
+	kubectl(t, cl, "delete", "pod", "es-grouped", "--wait", "--timeout=60s")
+	t0 := time.Now()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+		if p := getPod(t, cl, "es-overlayfs"); p.Status.Phase == "Failed" {
+			after := time.Since(t0)
+			t.Logf("%s after the grouped pod went, kubelet evicted the overlayfs pod: %s: %s", since(t0), p.Status.Reason, p.Status.Message)
+			writeKubeletStats(t, env, results.KubeletStatsRow{
+				Mode: results.ModeRuntimeHandler, CRIBytes: criBytes, CRIFilesystem: criFS, GroupedBytes: size,
+				Watched:              "a pod on containerd's overlayfs (CRI's snapshotter) past its limit, beside a pod of runtime class grouped past its own",
+				Evicted:              evictedWhileRan,
+				WaitedSeconds:        seconds(waited),
+				EvictedAfterSeconds:  seconds(after),
+				SummaryStatsFailures: failures,
+			})
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubelet did not evict the overlayfs pod within 2m of the grouped pod's removal:\n%s", describe(t, cl, "pod/es-overlayfs"))
+		}
+	}
+}
+
+// Ephemeral-storage writers: a container that writes writtenBytes past
+// its pod's limit.
+const (
+	writtenBytes = 20 << 20
+	writerLimit  = "5Mi"
+)
+
+// writerPodYAML is a pod whose container writes writtenBytes to its
+// writable layer past its limit of writerLimit, then sleeps; of
+// runtimeClass when it is not "".
+func writerPodYAML(name, image, runtimeClass string) []byte {
+	spec := ""
+	if runtimeClass != "" {
+		spec = "\n  runtimeClassName: " + runtimeClass
+	}
+	return fmt.Appendf(nil, `apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+spec:%[3]s
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Never
+  containers:
+    - name: writer
+      image: %[2]s
+      command: ["sh", "-c", "dd if=/dev/zero of=/written bs=1048576 count=%[4]d && sleep 3600"]
+      resources:
+        limits:
+          ephemeral-storage: %[5]s
+`, name, image, spec, writtenBytes>>20, writerLimit)
+}
+
+// criWritableLayer returns the writable layer of CRI's container id as
+// `crictl stats` reports it: its used bytes and its filesystem's
+// mountpoint ("" when none).
+func criWritableLayer(t *testing.T, env *harness.Env, id string) (int64, string) {
+	t.Helper()
+	used, fs, err := readWritableLayer(t, env, id)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return used, fs
+}
+
+func readWritableLayer(t *testing.T, env *harness.Env, id string) (int64, string, error) {
+	out, err := env.CRI.Crictl(t.Context(), "stats", "-o", "json", "--id", id)
+	if err != nil {
+		return 0, "", err
 	}
 	var stats struct {
 		Stats []struct {
@@ -219,15 +283,22 @@ spec:%[3]s
 		} `json:"stats"`
 	}
 	if err := json.Unmarshal([]byte(out), &stats); err != nil || len(stats.Stats) != 1 {
-		t.Fatalf("crictl stats %s: %v\n%s", id, err, out)
+		return 0, "", fmt.Errorf("crictl stats %s: %v\n%s", id, err, out)
 	}
 	wl := stats.Stats[0].WritableLayer
-	t.Logf("CRI reports the grouped container's writable layer as %q bytes on filesystem %q", wl.UsedBytes.Value, wl.FsID.Mountpoint)
-	if wl.UsedBytes.Value != "" && wl.UsedBytes.Value != "0" {
-		t.Errorf("CRI reports %s bytes for the grouped container's writable layer; has containerd started syncing other snapshotters' usage? then update check's kubelet-stats and the docs", wl.UsedBytes.Value)
+	var used int64
+	if wl.UsedBytes.Value != "" {
+		if used, err = strconv.ParseInt(wl.UsedBytes.Value, 10, 64); err != nil {
+			return 0, "", fmt.Errorf("crictl stats %s: used bytes %q: %v", id, wl.UsedBytes.Value, err)
+		}
 	}
-	// grouped itself measures the bytes (what its writable-layer metric
-	// exports).
+	return used, wl.FsID.Mountpoint, nil
+}
+
+// groupedBytes returns the size grouped measures of snapshot key (`ls
+// --json`), -1 when it has no such snapshot.
+func groupedBytes(t *testing.T, n node, key string) int64 {
+	t.Helper()
 	lsOut, err := n.admin(t.Context(), "ls", "--json")
 	if err != nil {
 		t.Fatal(err)
@@ -239,26 +310,30 @@ spec:%[3]s
 	if err := json.Unmarshal([]byte(lsOut), &rows); err != nil {
 		t.Fatalf("ls --json: %v\n%s", err, lsOut)
 	}
-	var size int64 = -1
 	for _, r := range rows {
-		if r.Key == id {
-			size = r.Size
+		if r.Key == key {
+			return r.Size
 		}
 	}
-	t.Logf("grouped measures that container's writable layer at %d bytes", size)
-	if size < 20<<20 {
-		t.Errorf("grouped measures the grouped pod's writable layer at %d bytes, want at least the 20 MiB it wrote", size)
-	}
-	// With the grouped pod gone kubelet can list stats again, and evicts.
-	kubectl(t, cl, "delete", "pod", "es-grouped", "--wait", "--timeout=60s")
-	t0 := time.Now()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
-		if p := getPod(t, cl, "es-overlayfs"); p.Status.Phase == "Failed" {
-			t.Logf("%s after the grouped pod went, kubelet evicted the overlayfs pod: %s: %s", since(t0), p.Status.Reason, p.Status.Message)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kubelet did not evict the overlayfs pod within 2m of the grouped pod's removal:\n%s", describe(t, cl, "pod/es-overlayfs"))
-		}
-	}
+	return -1
 }
+
+// writeKubeletStats writes row, for this cluster's releases, into the
+// fresh copy of results.KubeletStatsFile, unless t failed.
+func writeKubeletStats(t *testing.T, env *harness.Env, row results.KubeletStatsRow) {
+	t.Helper()
+	if t.Failed() {
+		t.Logf("not writing %s: the test failed", results.KubeletStatsFile)
+		return
+	}
+	row.Containerd, row.Kubernetes = env.ContainerdVersion, kube.KubernetesVersion
+	row.Limit, row.WrittenBytes = writerLimit, writtenBytes
+	path, err := results.UpdateKubeletStats(filepath.Join("..", ".."), row)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote the %s row of %s to %s (`make update-results` copies it over the committed file)", row.Mode, row.Containerd, path)
+}
+
+// seconds is d in seconds, to the millisecond.
+func seconds(d time.Duration) float64 { return d.Round(time.Millisecond).Seconds() }
