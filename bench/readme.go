@@ -46,6 +46,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{InstallModesBegin, InstallModesEnd, InstallModes},
 		{ProfileBegin, ProfileEnd, PullProfiles},
 		{DensityProfileBegin, DensityProfileEnd, DensityProfiles},
+		{FirstPodBegin, FirstPodEnd, func(res *Results) string { return FirstPodTable(res.firstPodRun) }},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

@@ -54,6 +54,8 @@ type Results struct {
 	handlerRun *Results
 	// profileRun holds the profiled pulls of MergeProfile.
 	profileRun *Results
+	// firstPodRun holds the first-pod scenario of MergeFirstPod.
+	firstPodRun *FirstPodResults
 	// criRuns hold the profiled density runs of MergeCRI, oldest first.
 	criRuns []*Results
 	// Done are the units the run finished, Parts the processes that ran

@@ -35,6 +35,13 @@ func main() {
 func run() error {
 	quick := flag.Bool("quick", false, "run the small configuration (make bench-quick)")
 	full := flag.Bool("full", false, "run every scenario (make bench-full); the default is the headline (make bench)")
+	firstPod := flag.Bool("firstpod", false, "run only the first-pod scenario (issue 47): the first pod of a just-pulled image on grouped as a runtime handler, with and without borrow_from, against overlayfs (results/"+bench.FirstPodFile+"; make bench runs it after the headline)")
+	noFirstPod := flag.Bool("no-firstpod", false, "make bench without the first-pod scenario after the headline")
+	firstPodPairs := flag.Int("firstpod-pairs", 0, "first-pod scenario: interleaved pairs per release, image and contender (default 5)")
+	firstPodImages := flag.String("firstpod-images", "", `first-pod scenario: comma-separated images, "50 layers" and/or "real" (default both)`)
+	firstPodContenders := flag.String("firstpod-contenders", "", "first-pod scenario: comma-separated contenders, borrow (\""+bench.FirstPodBorrow+"\"), no-borrow (\""+bench.FirstPodNoBorrow+"\") and overlayfs (default all)")
+	firstPodDiscard := flag.String("firstpod-discard", "", `first-pod scenario: comma-separated images of the discard_unpacked_layers = true variant, or "none" (default both images)`)
+	firstPodResults := flag.String("firstpod-results", "", "with -render -readme: the first-pod results to show in the document's first-pod block (default <out>/"+bench.FirstPodFile+")")
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
 	densityContenders := flag.String("density-contenders", "", "comma-separated density contenders to run, e.g. \"overlayfs,grouped (runtime handler)\" (default all but the opt-in controls)")
@@ -55,6 +62,7 @@ func run() error {
 	out := flag.String("out", "", "results directory (default: <repo>/bench/results)")
 	render := flag.String("render", "", "only render the results of this JSON file again")
 	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished units are kept, the others run")
+	wholeCost := flag.String("wholecost", "", "only render the whole-cost blocks (issue 47) of README.md and docs/operations.md under this repository root from its results files (make bench-readme passes ..)")
 	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
@@ -71,6 +79,9 @@ func run() error {
 	unpackLayers := flag.String("unpack-layers", "", "comma-separated chain lengths of scenario 3b, unpack (default: the configuration's)")
 	unpackFS := flag.String("unpack-fs", "", "comma-separated filesystems of scenario 3b: "+strings.Join(bench.UnpackFilesystemNames, ",")+" (default: the configuration's)")
 	flag.Parse()
+	if *wholeCost != "" {
+		return bench.RenderWholeCost(*wholeCost, false)
+	}
 	if *readme != "" && *render == "" {
 		return errors.New("-readme needs -render FILE.json")
 	}
@@ -123,6 +134,17 @@ func run() error {
 			if err != nil {
 				return err
 			}
+			if strings.Contains(string(old), bench.FirstPodBegin) {
+				path := *firstPodResults
+				if path == "" {
+					path = filepath.Join(*out, bench.FirstPodFile)
+				}
+				fp, err := readFirstPod(path)
+				if err != nil && !os.IsNotExist(err) {
+					return err
+				}
+				res.MergeFirstPod(fp)
+			}
 			updated, err := bench.UpdateReadme(old, res)
 			if err != nil {
 				return fmt.Errorf("%s: %w", *readme, err)
@@ -152,9 +174,40 @@ func run() error {
 		return errors.New("-b builds B, -binary gives it: give one")
 	}
 	ab := *a != "" || *abBinary != ""
-	if btoi(*quick)+btoi(*full)+btoi(ab)+btoi(*density) > 1 {
-		return errors.New("-quick, -full, -density and an A/B (-a, -ab-binary) select different runs: give one")
+	if btoi(*quick)+btoi(*full)+btoi(ab)+btoi(*density)+btoi(*firstPod) > 1 {
+		return errors.New("-quick, -full, -density, -firstpod and an A/B (-a, -ab-binary) select different runs: give one")
 	}
+	fpCfg := bench.FirstPod()
+	if *firstPodPairs != 0 {
+		fpCfg.Pairs = *firstPodPairs
+	}
+	if *firstPodImages != "" {
+		fpCfg.Images = strings.Split(*firstPodImages, ",")
+	}
+	if *firstPodContenders != "" {
+		var err error
+		if fpCfg.Contenders, err = bench.FirstPodContenderNames(*firstPodContenders); err != nil {
+			return err
+		}
+	}
+	switch *firstPodDiscard {
+	case "":
+	case "none":
+		fpCfg.DiscardImages = nil
+	default:
+		fpCfg.DiscardImages = strings.Split(*firstPodDiscard, ",")
+	}
+	if *firstPod {
+		if *versions != "" {
+			fpCfg.Versions = strings.Split(*versions, ",")
+		}
+		if *b != "" || *binary != "" {
+			return errors.New("-firstpod runs the working tree's daemon")
+		}
+		return runFirstPod(*out, fpCfg)
+	}
+	// make bench: the headline, then the first-pod scenario.
+	headlineFirstPod := !*quick && !*full && !ab && !*density && *resume == "" && *scenarios == "" && !*noFirstPod
 	// The builds of the commits asked for, made before anything else.
 	if *a != "" {
 		var err error
@@ -311,7 +364,80 @@ func run() error {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
+	if headlineFirstPod {
+		fpCfg.GroupedBinary = cfg.GroupedBinary
+		if err := runFirstPod(*out, fpCfg); err != nil {
+			return fmt.Errorf("first-pod scenario after the headline: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: headline and first pod done in %s\n", time.Since(t0).Round(time.Second))
+	}
 	return nil
+}
+
+// runFirstPod runs the first-pod scenario and writes its results, also
+// when it stopped early (then under firstpod-partial).
+func runFirstPod(out string, cfg bench.FirstPodConfig) error {
+	t0 := time.Now()
+	cfg.Logf = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, runErr := bench.RunFirstPod(ctx, cfg)
+	if res == nil {
+		return runErr
+	}
+	name := strings.TrimSuffix(bench.FirstPodFile, ".json")
+	if runErr != nil {
+		name += bench.PartialSuffix
+		res.AddNote("Incomplete: the run stopped early: " + runErr.Error())
+	}
+	if err := writeFirstPod(out, name, res); err != nil {
+		return errors.Join(runErr, err)
+	}
+	if runErr != nil {
+		return fmt.Errorf("first pod failed after %s (partial results in %s-partial.json): %w", time.Since(t0).Round(time.Second), name, runErr)
+	}
+	fmt.Fprintf(os.Stderr, "bench: first pod done in %s\n", time.Since(t0).Round(time.Second))
+	return nil
+}
+
+// writeFirstPod writes NAME.json and NAME.md of the first-pod scenario.
+func writeFirstPod(dir, name string, res *bench.FirstPodResults) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	base := filepath.Join(dir, name)
+	if err := os.WriteFile(base+".json.tmp", append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(base+".json.tmp", base+".json"); err != nil {
+		return err
+	}
+	md := bench.FirstPodMarkdown(res)
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	fmt.Fprintf(os.Stderr, "bench: wrote %s.md and %s.json\n", base, base)
+	return nil
+}
+
+// readFirstPod reads first-pod results.
+func readFirstPod(path string) (*bench.FirstPodResults, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	fp := &bench.FirstPodResults{}
+	if err := json.Unmarshal(data, fp); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	return fp, nil
 }
 
 func btoi(b bool) int {
