@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -63,10 +64,15 @@ type Config struct {
 	UsernsSpares *int `toml:"userns_spares"`
 	// LogLevel is one of trace, debug, info, warn, error.
 	LogLevel string `toml:"log_level"`
-	// ContainerdAddress is containerd's gRPC socket. With idmap = "auto" the
-	// daemon asks it containerd's release when a user-namespaced container's
-	// snapshot is made; nothing else dials it.
+	// ContainerdAddress is containerd's gRPC socket. The daemon learns
+	// containerd's release there (idmap = "auto" needs it) and, with
+	// BorrowFrom, follows its events.
 	ContainerdAddress string `toml:"containerd_address"`
+	// BorrowFrom names a snapshotter of containerd (CRI's "overlayfs" when
+	// grouped is a runtime handler's) whose committed layers the daemon
+	// makes in grouped as they come, by hard links: a pod of the handler
+	// then finds its image unpacked. "" (the default) is off.
+	BorrowFrom string `toml:"borrow_from"`
 	// MetricsAddress serves Prometheus /metrics: "" (off), "host:port", or
 	// "unix:///path".
 	MetricsAddress string `toml:"metrics_address"`
@@ -135,6 +141,9 @@ func (c Config) Validate() error {
 	if c.GOMAXPROCS < 0 || c.GOMAXPROCS > maxGOMAXPROCS {
 		return fmt.Errorf("gomaxprocs %d must be between 0 (Go's default) and %d: %w", c.GOMAXPROCS, maxGOMAXPROCS, errdefs.ErrInvalidArgument)
 	}
+	if c.BorrowFrom != "" && !validName.MatchString(c.BorrowFrom) {
+		return fmt.Errorf("borrow_from %q must name a snapshotter of containerd, such as \"overlayfs\": %w", c.BorrowFrom, errdefs.ErrInvalidArgument)
+	}
 	switch c.LogLevel {
 	case "trace", "debug", "info", "warn", "error":
 	default:
@@ -147,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// validName is what containerd accepts as a plugin's ID.
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // idmapView is the mapped-parent mode's release-1 name, deprecated.
 const idmapView = "view"

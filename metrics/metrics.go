@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -30,6 +31,9 @@ type Metrics struct {
 	latency   *prometheus.HistogramVec
 	layers    prometheus.Histogram
 	lowerdirs prometheus.Histogram
+
+	borrowOnce sync.Once
+	borrowed   *prometheus.CounterVec
 }
 
 // New registers the metrics of sn in a new registry.
@@ -75,6 +79,22 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 // user-namespaced pods (grouped_snapshotter_containerd_idmaps_per_layer).
 func (m *Metrics) WatchContainerd(version func() (string, error)) {
 	m.Registry.MustRegister(&containerdCollector{version: version})
+}
+
+// Borrowed counts bytes of layers borrowed from another snapshotter
+// (grouped_snapshotter_borrowed_bytes_total{how="linked"|"copied"}): a
+// copy means the roots are on different filesystems and the node keeps the
+// layers twice.
+func (m *Metrics) Borrowed(_ string, linked, copied int64) {
+	m.borrowOnce.Do(func() {
+		m.borrowed = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "borrowed_bytes_total",
+			Help: "Bytes of regular files of layers made from another snapshotter's (borrow_from), by how: linked (shared with it) or copied.",
+		}, []string{"how"})
+		m.Registry.MustRegister(m.borrowed)
+	})
+	m.borrowed.WithLabelValues("linked").Add(float64(linked))
+	m.borrowed.WithLabelValues("copied").Add(float64(copied))
 }
 
 // Instrument wraps sn so that every call is counted and timed.

@@ -45,6 +45,13 @@ func (r *run) removeStale(ctx context.Context, todo []*layer) error {
 func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 	chainID, key := l.chainID.String(), ActivePrefix+l.chainID.String()
 	mounts, err := r.to.Prepare(ctx, key, l.parent.String(), snapshots.WithLabels(l.labels))
+	if errdefs.IsAlreadyExists(err) && r.retryStale {
+		// A borrower killed mid-layer left its key; the lock keeps every
+		// other user of the prefix out.
+		if err = r.to.Remove(ctx, key); err == nil || errdefs.IsNotFound(err) {
+			mounts, err = r.to.Prepare(ctx, key, l.parent.String(), snapshots.WithLabels(l.labels))
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("prepare %s in %s: %w", key, r.opts.To, err)
 	}
@@ -70,7 +77,11 @@ func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := r.to.Commit(ctx, chainID, key, snapshots.WithLabels(l.labels)); err != nil {
+	if err := r.to.Commit(ctx, chainID, key, snapshots.WithLabels(l.labels)); errdefs.IsAlreadyExists(err) && r.retryStale {
+		// containerd unpacked it meanwhile (a pod's creation does, when
+		// it comes first): the layer is there, ours goes.
+		return r.to.Remove(ctx, key)
+	} else if err != nil {
 		return fmt.Errorf("commit %s as %s in %s: %w", key, chainID, r.opts.To, err)
 	}
 	r.sum.Layers++

@@ -76,6 +76,10 @@ type run struct {
 	is       images.Store
 	sum      *Summary
 	toAbsent bool // a dry run before To is loaded
+	// retryStale (a Borrower's runs) replaces a stale key of its own and
+	// takes a layer committed meanwhile by someone else as made.
+	retryStale bool
+	leases     leases.Manager // a Borrower's
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.

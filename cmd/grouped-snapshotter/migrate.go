@@ -1,19 +1,14 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
@@ -76,7 +71,7 @@ func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Comma
 			if _, err := os.Stat(address); err != nil {
 				return fmt.Errorf("containerd socket %q: %w (is containerd running? see --containerd-address)", address, err)
 			}
-			unlock, err := lockRuns(c.String("lock-dir"), address, opts.Namespace)
+			unlock, err := migrate.Lock(c.String("lock-dir"), address, opts.Namespace)
 			if err != nil {
 				return err
 			}
@@ -125,26 +120,4 @@ func printSummary(w io.Writer, verb string, o migrate.Options, s migrate.Summary
 	fmt.Fprintf(w, "%s from %s to %s: %s, %d layers made (%s), %d already there; %s linked, %s copied; %d files, %d directories; %s\n",
 		verb, o.From, o.To, images, s.Layers, how, s.LayersPresent, humanBytes(s.BytesLinked), humanBytes(s.BytesCopied),
 		s.Files, s.Dirs, took.Round(time.Millisecond))
-}
-
-// lockRuns takes the lock that keeps two runs against one containerd
-// namespace apart (each would remove the other's snapshots as stale): a
-// flock on a file in dir named after the address and namespace. The file
-// stays: a lock file never removed needs no check that its name still
-// leads to the file locked.
-func lockRuns(dir, address, namespace string) (func(), error) {
-	sum := sha256.Sum256([]byte(address + "\x00" + namespace))
-	path := filepath.Join(dir, "grouped-snapshotter-migrate-"+hex.EncodeToString(sum[:8])+".lock")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create lock directory: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
-	}
-	return func() { f.Close() }, nil
 }

@@ -18,12 +18,16 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/metrics"
+	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
 	"github.com/grouped-snapshotter/grouped-snapshotter/server"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 const (
 	defaultConfigPath = config.DefaultConfigPath
+	// migrateLockDir holds the lock file import, export and borrowing
+	// share (the default of import's --lock-dir).
+	migrateLockDir = "/run"
 	// shutdownTimeout bounds how long in-flight calls may hold up an exit.
 	shutdownTimeout = 30 * time.Second
 )
@@ -160,6 +164,15 @@ func serve(c *cli.Context) error {
 		if err := servePprof(ctx, addr); err != nil {
 			return err
 		}
+	}
+	if cfg.BorrowFrom != "" {
+		b := &migrate.Borrower{Address: cfg.ContainerdAddress, From: cfg.BorrowFrom, Root: cfg.RootPath,
+			Answering: containerd.Answering, Borrowed: m.Borrowed,
+			Lock: func(ns string) (func(), error) { return migrate.Lock(migrateLockDir, cfg.ContainerdAddress, ns) }}
+		done := make(chan struct{})
+		bctx, cancel := context.WithCancel(ctx)
+		go func() { defer close(done); b.Run(bctx) }()
+		defer func() { cancel(); <-done }()
 	}
 	l, err := server.Listen(cfg.Address)
 	if err != nil {

@@ -90,6 +90,9 @@ type Options struct {
 	// grouped-snapshotter layout. containerd's overlay code served by
 	// SnapshotterBin keeps them in "snapshots".
 	SnapshotterLayerDir string
+	// SnapshotterConfig is the grouped-snapshotter daemon's config file
+	// (TOML), e.g. `borrow_from = "overlayfs"`; empty, an empty file.
+	SnapshotterConfig string
 	// Profile makes the snapshotter daemon serve Go's profiles on a unix
 	// socket (Snapshotter.PprofAddress; grouped-snapshotter's
 	// --pprof-address, which the daemon must accept).

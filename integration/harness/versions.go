@@ -136,8 +136,8 @@ func serverPluginsSupported(version string) bool { return ReleaseAtLeast(version
 // /etc/grouped-snapshotter/config.toml cannot leak into the tests, it holds
 // only the idmap mode when one is chosen and containerd's address when
 // given (a daemon built from this repository; an older release's would
-// refuse the key).
-func writeSnapshotterConfig(path, idmapMode, containerdAddress string) error {
+// refuse the key), then extra (Options.SnapshotterConfig).
+func writeSnapshotterConfig(path, idmapMode, containerdAddress, extra string) error {
 	var cfg string
 	if idmapMode != "" {
 		cfg = "idmap = " + strconv.Quote(idmapMode) + "\n"
@@ -145,6 +145,7 @@ func writeSnapshotterConfig(path, idmapMode, containerdAddress string) error {
 	if containerdAddress != "" {
 		cfg += "containerd_address = " + strconv.Quote(containerdAddress) + "\n"
 	}
+	cfg += extra
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("write snapshotter config: %w", err)
 	}
@@ -181,7 +182,7 @@ func (e *Env) applyReleaseOptions(ctx context.Context, opts Options) error {
 	if e.isGrouped() {
 		containerdAddress = containerdPaths(e.Dir).Address
 	}
-	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap, containerdAddress)
+	return writeSnapshotterConfig(snapshotterConfigPath(e.Dir), opts.IDMap, containerdAddress, opts.SnapshotterConfig)
 }
 
 // shimSocketRoot is where shims without a socket_dir (containerd 2.0, or a

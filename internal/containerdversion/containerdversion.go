@@ -79,6 +79,8 @@ type Client struct {
 
 	mu           sync.Mutex
 	known        bool
+	// answered is closed while the release is known.
+	answered chan struct{}
 	major, minor int
 	version      string
 	err          error
@@ -95,7 +97,7 @@ func newClient(address string, idleTimeout time.Duration) (*Client, error) {
 		return nil, fmt.Errorf("containerd address %q must be an absolute socket path: %w", address, errdefs.ErrInvalidArgument)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	c := &Client{address: filepath.Clean(address), idleTimeout: idleTimeout, stop: stop, done: make(chan struct{}),
+	c := &Client{address: filepath.Clean(address), idleTimeout: idleTimeout, stop: stop, done: make(chan struct{}), answered: make(chan struct{}),
 		err: fmt.Errorf("not connected yet to containerd at %q: %w", address, errdefs.ErrUnavailable)}
 	go c.run(ctx)
 	return c, nil
@@ -243,6 +245,12 @@ func (c *Client) set(ctx context.Context, major, minor int, err error) {
 	c.mu.Lock()
 	wasKnown, wasMajor, wasMinor := c.known, c.major, c.minor
 	c.major, c.minor, c.err, c.known = major, minor, err, err == nil
+	switch {
+	case c.known && !wasKnown:
+		close(c.answered)
+	case !c.known && wasKnown:
+		c.answered = make(chan struct{})
+	}
 	c.mu.Unlock()
 	switch {
 	case err == nil && (!wasKnown || major != wasMajor || minor != wasMinor):
@@ -260,6 +268,19 @@ func (c *Client) Release(context.Context) (major, minor int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.major, c.minor, c.err
+}
+
+// Answering waits until containerd answers, or ctx ends.
+func (c *Client) Answering(ctx context.Context) error {
+	c.mu.Lock()
+	ch := c.answered
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Version returns containerd's version string as last learned, or why it

@@ -1,0 +1,371 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/platforms"
+	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
+)
+
+// A Borrower keeps the snapshotter serving Root in step with From (CRI's
+// overlayfs, when grouped is a runtime handler's snapshotter): every layer
+// From commits is made in it at once, by hard links from From's directory
+// (a copy across filesystems), as an import does. A pod of the handler then
+// finds its image unpacked, so containerd does not unpack it again inside
+// the pod's CreateContainer, with the layer blobs that a node discarding
+// unpacked layers no longer has; and both snapshotters share the files.
+//
+// Why in step rather than when asked: containerd before 2.2.9/2.3.7 unpacks
+// at container creation with the client's image.Unpack (pkg/rootfs), whose
+// Prepare carries no containerd.io/snapshot.ref label, so a snapshotter
+// cannot answer it as a remote snapshotter does (and an AlreadyExists there
+// is retried for ever). Layers are made as From commits them during the
+// pull, so the image is in step by the time the pull returns.
+//
+// A Borrower only ever calls containerd from its own goroutine, never from
+// within a call containerd made to the snapshotter: containerd holds the
+// snapshotter's lock across a backend Prepare and its bolt write
+// transaction across a backend Commit.
+type Borrower struct {
+	// Address is containerd's socket; From the snapshotter to borrow
+	// from; Root the root containerd exports for the snapshotter to keep
+	// in step (how its name in containerd is found).
+	Address, From, Root string
+	// Lock keeps a borrow and an import or export of the same namespace
+	// apart (each removes the other's keys as stale).
+	Lock func(namespace string) (unlock func(), err error)
+	// Answering waits until containerd answers (at start and after it
+	// restarted).
+	Answering func(context.Context) error
+	// Borrowed, if set, is told of every layer made.
+	Borrowed func(namespace string, linked, copied int64)
+}
+
+// leaseLife is how long a borrowed layer stays without an image naming it
+// (a pull that failed after some layers).
+const leaseLife = time.Hour
+
+// leasePrefixBorrow starts the IDs of the borrower's leases.
+const leasePrefixBorrow = "grouped-snapshotter-borrow-"
+
+// Run keeps To in step until ctx ends. It never returns early: while
+// containerd is away or knows no snapshotter exporting Root, it waits.
+func (b *Borrower) Run(ctx context.Context) {
+	wait := time.Second
+	for ctx.Err() == nil {
+		if b.Answering != nil {
+			if err := b.Answering(ctx); err != nil {
+				return
+			}
+		}
+		began := time.Now()
+		err := b.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(began) > time.Minute {
+			wait = time.Second
+		}
+		log.G(ctx).WithError(err).WithField("retry", wait).Warn("borrow: not keeping up with containerd")
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		if wait *= 2; wait > 5*time.Minute {
+			wait = 5 * time.Minute
+		}
+	}
+}
+
+// session subscribes to containerd's events, brings every image in step,
+// then follows the events until the stream breaks.
+func (b *Borrower) session(ctx context.Context) error {
+	c, err := client.New(b.Address, client.WithTimeout(10*time.Second))
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %q: %w", b.Address, err)
+	}
+	defer c.Close()
+	to, err := b.name(ctx, c)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/commit"`, `topic=="/images/create"`, `topic=="/images/update"`)
+	log.G(ctx).WithField("from", b.From).WithField("to", to).Info("borrow: keeping the snapshotter in step with " + b.From)
+	if err := b.scan(ctx, c, to); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errs:
+			return fmt.Errorf("containerd's events: %w", err)
+		case env := <-evs:
+			ev, err := typeurl.UnmarshalAny(env.Event)
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("topic", env.Topic).Warn("borrow: unreadable event")
+				continue
+			}
+			var work func(context.Context, *run) error
+			switch e := ev.(type) {
+			case *eventstypes.SnapshotCommit:
+				if _, err := digest.Parse(e.Name); e.Snapshotter != b.From || err != nil {
+					continue
+				}
+				work = func(ctx context.Context, r *run) error { _, err := r.borrowChain(ctx, e.Name); return err }
+			case *eventstypes.ImageCreate:
+				work = func(ctx context.Context, r *run) error { return r.borrowImage(ctx, e.Name) }
+			case *eventstypes.ImageUpdate:
+				work = func(ctx context.Context, r *run) error { return r.borrowImage(ctx, e.Name) }
+			default:
+				continue
+			}
+			if err := b.do(ctx, c, env.Namespace, to, work); errdefs.IsUnavailable(err) {
+				return err
+			} else if err != nil {
+				log.G(ctx).WithError(err).WithField("namespace", env.Namespace).WithField("topic", env.Topic).Warn("borrow failed: containerd unpacks what is missing when a pod needs it")
+			}
+		}
+	}
+}
+
+// name returns the name containerd gives the snapshotter exporting Root.
+func (b *Borrower) name(ctx context.Context, c *client.Client) (string, error) {
+	resp, err := c.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1"`)
+	if err != nil {
+		return "", fmt.Errorf("list containerd's snapshotters: %w", err)
+	}
+	for _, p := range resp.GetPlugins() {
+		if root := p.GetExports()["root"]; root != "" && filepath.Clean(root) == filepath.Clean(b.Root) && p.GetID() != b.From {
+			return p.GetID(), nil
+		}
+	}
+	return "", fmt.Errorf("containerd has no snapshotter exporting root %q (proxy_plugins.<name>.exports.root): %w", b.Root, errdefs.ErrNotFound)
+}
+
+// scan brings every image of every namespace in step.
+func (b *Borrower) scan(ctx context.Context, c *client.Client, to string) error {
+	nss, err := c.NamespaceService().List(ctx)
+	if err != nil {
+		return fmt.Errorf("list namespaces: %w", err)
+	}
+	for _, ns := range nss {
+		err := b.do(ctx, c, ns, to, func(ctx context.Context, r *run) error {
+			imgs, err := r.is.List(ctx)
+			if err != nil {
+				return fmt.Errorf("list images: %w", err)
+			}
+			for _, img := range distinct(imgs) {
+				if err := r.borrowImage(ctx, img.Name); errdefs.IsUnavailable(err) {
+					return err
+				} else if err != nil {
+					log.G(ctx).WithError(err).WithField("namespace", ns).WithField("image", img.Name).Warn("borrow failed")
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("namespace %s: %w", ns, err)
+		}
+	}
+	return nil
+}
+
+// do runs work under the namespace's lock and a lease that keeps what it
+// makes for leaseLife (an hour's lease is shared by the work of ten
+// minutes; containerd's garbage collector removes it when it expires).
+func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work func(context.Context, *run) error) error {
+	if b.Lock != nil {
+		unlock, err := b.Lock(ns)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	ctx = namespaces.WithNamespace(ctx, ns)
+	id := leasePrefixBorrow + strconv.FormatInt(time.Now().Unix()/600, 10)
+	if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseLife)); err != nil && !errdefs.IsAlreadyExists(err) {
+		return fmt.Errorf("create lease %s: %w", id, err)
+	}
+	r := &run{opts: Options{Namespace: ns, From: b.From, To: to, Platform: platforms.Default()},
+		from: c.SnapshotService(b.From), to: c.SnapshotService(to), cs: c.ContentStore(), is: c.ImageService(),
+		leases: c.LeasesService(), sum: &Summary{}, retryStale: true}
+	err := work(leases.WithLease(ctx, id), r)
+	if r.sum.Layers > 0 {
+		log.G(ctx).WithField("namespace", ns).WithField("layers", r.sum.Layers).WithField("linked_bytes", r.sum.BytesLinked).
+			WithField("copied_bytes", r.sum.BytesCopied).Debug("borrowed")
+		if r.sum.Copied {
+			log.G(ctx).WithField("from", b.From).Warn("borrow: the two roots are on different filesystems, so layers are copied, not hard-linked")
+		}
+		if b.Borrowed != nil {
+			b.Borrowed(ns, r.sum.BytesLinked, r.sum.BytesCopied)
+		}
+	}
+	return err
+}
+
+// borrowChain makes the committed snapshot name of From, and its parents,
+// in To, and returns how many layers the chain has there.
+func (r *run) borrowChain(ctx context.Context, name string) (int, error) {
+	var missing []snapshots.Info // top first
+	depth := 0
+	for n := name; n != ""; depth++ {
+		if _, err := r.to.Stat(ctx, n); err == nil {
+			break
+		} else if !errdefs.IsNotFound(err) {
+			return 0, fmt.Errorf("stat %s in %s: %w", n, r.opts.To, err)
+		}
+		info, err := r.from.Stat(ctx, n)
+		if errdefs.IsNotFound(err) {
+			return 0, nil // removed meanwhile
+		} else if err != nil {
+			return 0, fmt.Errorf("stat %s in %s: %w", n, r.opts.From, err)
+		} else if info.Kind != snapshots.KindCommitted {
+			return 0, nil
+		}
+		missing, n = append(missing, info), info.Parent
+	}
+	if len(missing) == 0 {
+		return depth, nil
+	}
+	// One view of the top lists every layer's directory, top first.
+	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), digest.Digest(name).Encoded())
+	mounts, err := r.from.View(ctx, key, name)
+	if err != nil {
+		return 0, fmt.Errorf("view %s in %s: %w", name, r.opts.From, err)
+	}
+	defer func() {
+		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("key", key).Warn("borrow: failed to remove the temporary view")
+		}
+	}()
+	_, dirs, err := mountDirs(mounts)
+	if err == nil && len(dirs) < len(missing) {
+		err = fmt.Errorf("%d layer directories for %d layers: %w", len(dirs), len(missing), errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("view of %s in %s: %w", name, r.opts.From, err)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		info := missing[i]
+		l := &layer{chainID: digest.Digest(info.Name), parent: digest.Digest(info.Parent), src: dirs[i],
+			labels: map[string]string{snapshots.LabelSnapshotRef: info.Name}}
+		if v, ok := info.Labels[snapshots.LabelSnapshotDiffID]; ok {
+			l.labels[snapshots.LabelSnapshotDiffID] = v
+		}
+		if info.Parent != "" {
+			l.labels["containerd.io/snapshot/parent-chain-id"] = info.Parent
+		}
+		if err := r.makeLayer(ctx, l); err != nil {
+			return 0, fmt.Errorf("layer %s: %w", info.Name, err)
+		}
+	}
+	return depth, nil
+}
+
+// borrowImage makes in To the layers of the image called name that From
+// holds (all, or the first ones: containerd unpacks the rest when a pod
+// needs them), and names the top one in the image's config for the
+// garbage collector, as containerd's unpacker does.
+func (r *run) borrowImage(ctx context.Context, name string) error {
+	img, err := r.is.Get(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("image %s: %w", name, err)
+	}
+	mf, err := images.Manifest(ctx, r.cs, img.Target, r.opts.Platform)
+	if errdefs.IsNotFound(err) {
+		log.G(ctx).WithError(err).WithField("image", name).Debug("borrow: no manifest for this platform (yet)")
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("image %s: read manifest: %w", name, err)
+	}
+	diffIDs, err := images.RootFS(ctx, r.cs, mf.Config)
+	if err != nil {
+		return fmt.Errorf("image %s: read config %s: %w", name, mf.Config.Digest, err)
+	}
+	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
+	var statErr error
+	have := sort.Search(len(chain), func(i int) bool {
+		_, err := r.from.Stat(ctx, chain[i].String())
+		if err != nil && !errdefs.IsNotFound(err) {
+			statErr = err
+		}
+		return err != nil
+	})
+	if statErr != nil {
+		return fmt.Errorf("image %s: stat layers in %s: %w", name, r.opts.From, statErr)
+	} else if have == 0 {
+		log.G(ctx).WithField("image", name).Debugf("borrow: %s holds none of its layers", r.opts.From)
+		return nil
+	}
+	log.G(ctx).WithField("image", name).WithField("layers", len(chain)).WithField("from", have).Debug("borrow: image")
+	top := chain[have-1].String()
+	if _, err := r.borrowChain(ctx, top); err != nil {
+		return fmt.Errorf("image %s: %w", name, err)
+	}
+	label := "containerd.io/gc.ref.snapshot." + r.opts.To
+	info, err := r.cs.Info(ctx, mf.Config.Digest)
+	if err != nil {
+		return fmt.Errorf("image %s: config %s: %w", name, mf.Config.Digest, err)
+	}
+	if cur := info.Labels[label]; cur != top && (cur != chain[len(chain)-1].String() || !r.has(ctx, cur)) {
+		if _, err := r.cs.Update(ctx, content.Info{Digest: mf.Config.Digest, Labels: map[string]string{label: top}}, "labels."+label); err != nil {
+			return fmt.Errorf("image %s: label config %s %s=%s: %w", name, mf.Config.Digest, label, top, err)
+		}
+	}
+	return r.release(ctx, chain[:have])
+}
+
+// release takes chain's layers out of the borrower's leases: the image's
+// config keeps them now, and removing the image must free them (and the
+// files they share with From) at the next garbage collection.
+func (r *run) release(ctx context.Context, chain []digest.Digest) error {
+	ls, err := r.leases.List(ctx, `id~="^`+leasePrefixBorrow+`"`)
+	if err != nil {
+		return fmt.Errorf("list leases: %w", err)
+	}
+	layers := map[string]bool{}
+	for _, id := range chain {
+		layers[id.String()] = true
+	}
+	for _, l := range ls {
+		res, err := r.leases.ListResources(ctx, l)
+		if err != nil {
+			return fmt.Errorf("list lease %s: %w", l.ID, err)
+		}
+		for _, res := range res {
+			if res.Type != "snapshots/"+r.opts.To || !layers[res.ID] {
+				continue
+			}
+			if err := r.leases.DeleteResource(ctx, l, res); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("release %s from lease %s: %w", res.ID, l.ID, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *run) has(ctx context.Context, name string) bool {
+	_, err := r.to.Stat(ctx, name)
+	return err == nil
+}
