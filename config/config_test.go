@@ -53,6 +53,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"negative gomaxprocs", "gomaxprocs = -1\n", []string{"gomaxprocs", "-1"}},
 		{"too many gomaxprocs", "gomaxprocs = 100000\n", []string{"gomaxprocs", "100000"}},
 		{"relative containerd address", "containerd_address = \"containerd.sock\"\n", []string{"containerd_address", "absolute"}},
+		{"bad borrow_from", "borrow_from = \"../overlayfs\"\n", []string{"borrow_from", "../overlayfs"}},
 		{"syntax", "root_path = \n", []string{"line 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

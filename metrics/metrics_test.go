@@ -39,6 +39,8 @@ func TestMetrics(t *testing.T) {
 	})
 	m := New(sn)
 	m.WatchContainerd(func() (string, error) { return "v2.0.5", nil })
+	m.Borrowed("k8s.io", 3000, 0)
+	m.Borrowed("k8s.io", 500, 20)
 	s := m.Instrument(sn)
 	ctx := namespaces.WithNamespace(context.Background(), "test")
 
@@ -149,6 +151,8 @@ func TestMetrics(t *testing.T) {
 		{"grouped_snapshotter_mount_syscalls_total", nil, 2},
 		{"grouped_snapshotter_orphans_unremovable", nil, 1},
 		{"grouped_snapshotter_containerd_idmaps_per_layer", map[string]string{"version": "v2.0.5"}, 1},
+		{"grouped_snapshotter_borrowed_bytes_total", map[string]string{"how": "linked"}, 3500},
+		{"grouped_snapshotter_borrowed_bytes_total", map[string]string{"how": "copied"}, 20},
 	} {
 		got, err := value(c.name, c.labels)
 		if err != nil || got != c.want {

@@ -3,7 +3,6 @@ package conformance
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,7 +254,14 @@ func TestBorrowUnderGC(t *testing.T) {
 			collections.Add(1)
 		}
 	}()
-	imgs := slices.DeleteFunc(slices.Clone(corpus), func(img image) bool { return img.name == "chain400" })
+	// The images overlayfs unpacks (not lowerlink), each twice, and not
+	// the 400-layer one, which the rest of the suite covers.
+	var imgs []image
+	for _, img := range corpus {
+		if img.oracleFails == "" && img.name != "chain400" {
+			imgs = append(imgs, img, img)
+		}
+	}
 	for i, img := range imgs {
 		ref, err := s.imgs.ref(ctx, img, fmt.Sprintf("borrow-gc-%d", i))
 		if err != nil {
