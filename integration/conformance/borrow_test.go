@@ -15,8 +15,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/opencontainers/image-spec/identity"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 	"github.com/grouped-snapshotter/grouped-snapshotter/integration/conformance/manifest"
+	"github.com/grouped-snapshotter/grouped-snapshotter/integration/harness"
 )
 
 // borrowOptions is the runtime-handler install with borrowing on: CRI
