@@ -76,9 +76,12 @@ bench-ab: tools
 # from bench/results/latest.json (make bench-full), each with
 # bench/results/density.json's pod rows where the run has none; no root or
 # tools needed. bench's TestBenchREADMECurrent fails while they are stale.
+# Then the whole cost per install mode and release (README's advice,
+# docs/operations.md's table; TestWholeCostCurrent).
 bench-readme:
 	cd bench && $(GO) run ./cmd/bench -render results/headline.json -density-results results/density.json -handler-results results/density-handler.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../README.md && \
-		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -profile-results results/profile.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../docs/benchmarks.md
+		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -profile-results results/profile.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../docs/benchmarks.md && \
+		$(GO) run ./cmd/bench -wholecost ..
 
 # Every module for the host's architecture and for arm64 (one code path on
 # both), and the daemon built for arm64 (static: no cgo anywhere).

@@ -8,6 +8,11 @@
 #   install.sh uninstall [options] [--export] [--purge [--force-purge]]
 #   install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
+# On the releases where grouped gains, use the mode the whole cost per
+# containerd release recommends (docs/operations.md; the DaemonSet's
+# default, kept so by bench's TestDefaultFollowsWholeCost):
+# Recommended install mode: --cri
+#
 # --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
 #                       it at /host; tests use a temporary directory); host
 #                       commands then run through nsenter into the

@@ -240,6 +240,9 @@ func criKubeletStats(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, i
 			if criBytes < writtenBytes {
 				t.Errorf("CRI reported %d bytes for the writable layer of a container that wrote %d on grouped as CRI's snapshotter", criBytes, writtenBytes)
 			}
+			if criFS == n.Root {
+				criFS = results.GroupedRootFilesystem
+			}
 			writeKubeletStats(t, env, results.KubeletStatsRow{
 				Mode: results.ModeCRI, CRIBytes: criBytes, CRIFilesystem: criFS, GroupedBytes: size,
 				Watched:             "the pod on grouped past its limit",

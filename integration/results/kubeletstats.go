@@ -26,6 +26,10 @@ const (
 	ModeRuntimeHandler = "runtime-handler" // grouped is a runtime handler's, picked by a RuntimeClass
 )
 
+// GroupedRootFilesystem is KubeletStatsRow.CRIFilesystem when CRI names
+// grouped's root (a path of the test's, which changes every run).
+const GroupedRootFilesystem = "grouped's root"
+
 // KubeletStats is KubeletStatsFile.
 type KubeletStats struct {
 	Rows []KubeletStatsRow `json:"rows"`
@@ -42,7 +46,8 @@ type KubeletStatsRow struct {
 	WrittenBytes int64  `json:"written_bytes"`
 	// CRIBytes and CRIFilesystem are the writable layer of the container
 	// on grouped as CRI reports it (`crictl stats`): its usage and the
-	// mountpoint of its filesystem ("" when CRI names none).
+	// mountpoint of its filesystem (GroupedRootFilesystem when it is
+	// grouped's root, "" when CRI names none).
 	CRIBytes      int64  `json:"cri_bytes"`
 	CRIFilesystem string `json:"cri_filesystem"`
 	// GroupedBytes is what grouped measures of that writable layer.

@@ -8,6 +8,10 @@
 // _output/results/integration/results/mount-syscalls.json,
 // k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json
 // and rollout.json,
+// k8s.TestRuntimeHandler and TestDaemonSetReboot
+// _output/results/integration/results/kubelet-stats.json and reboot.json
+// (rows per install mode and containerd release, which bench's whole-cost
+// table renders: `make bench-readme`),
 // compat.TestCompat _output/results/integration/results/compat.json, the
 // conformance tests _output/results/integration/conformance/results/latest.md).
 // When a person decides to update the committed figures, `make
