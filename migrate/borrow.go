@@ -11,6 +11,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -55,6 +56,10 @@ type Borrower struct {
 	Answering func(context.Context) error
 	// Borrowed, if set, is told of every layer made.
 	Borrowed func(namespace string, linked, copied int64)
+
+	// leased is the lease made last in each namespace (Run's goroutine
+	// only).
+	leased map[string]string
 }
 
 // leaseLife is how long a borrowed layer stays without an image naming it
@@ -113,38 +118,76 @@ func (b *Borrower) session(ctx context.Context) error {
 		return err
 	}
 	for {
+		var batch []*events.Envelope
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-errs:
 			return fmt.Errorf("containerd's events: %w", err)
 		case env := <-evs:
-			ev, err := typeurl.UnmarshalAny(env.Event)
-			if err != nil {
-				log.G(ctx).WithError(err).WithField("topic", env.Topic).Warn("borrow: unreadable event")
-				continue
-			}
-			var work func(context.Context, *run) error
-			switch e := ev.(type) {
-			case *eventstypes.SnapshotCommit:
-				if _, err := digest.Parse(e.Name); e.Snapshotter != b.From || err != nil {
-					continue
-				}
-				work = func(ctx context.Context, r *run) error { _, err := r.borrowChain(ctx, e.Name); return err }
-			case *eventstypes.ImageCreate:
-				work = func(ctx context.Context, r *run) error { return r.borrowImage(ctx, e.Name) }
-			case *eventstypes.ImageUpdate:
-				work = func(ctx context.Context, r *run) error { return r.borrowImage(ctx, e.Name) }
+			batch = append(batch, env)
+		}
+		// A pull commits layers faster than they are borrowed one by one;
+		// what waits is taken together, and the newest commit's chain
+		// covers the older ones with one view of overlayfs.
+	more:
+		for len(batch) < 1000 {
+			select {
+			case env := <-evs:
+				batch = append(batch, env)
 			default:
-				continue
-			}
-			if err := b.do(ctx, c, env.Namespace, to, work); errdefs.IsUnavailable(err) {
-				return err
-			} else if err != nil {
-				log.G(ctx).WithError(err).WithField("namespace", env.Namespace).WithField("topic", env.Topic).Warn("borrow failed: containerd unpacks what is missing when a pod needs it")
+				break more
 			}
 		}
+		if err := b.handle(ctx, c, to, batch); err != nil {
+			return err
+		}
 	}
+}
+
+// handle does the work of a batch of events: commits newest first, then
+// each image once.
+func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batch []*events.Envelope) error {
+	type job struct {
+		env  *events.Envelope
+		work func(context.Context, *run) error
+	}
+	var commits, imgs []job
+	seen := map[string]bool{}
+	for i := len(batch) - 1; i >= 0; i-- {
+		env := batch[i]
+		ev, err := typeurl.UnmarshalAny(env.Event)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("topic", env.Topic).Warn("borrow: unreadable event")
+			continue
+		}
+		var name string
+		switch e := ev.(type) {
+		case *eventstypes.SnapshotCommit:
+			if _, err := digest.Parse(e.Name); e.Snapshotter == b.From && err == nil {
+				commits = append(commits, job{env, func(ctx context.Context, r *run) error { _, err := r.borrowChain(ctx, e.Name); return err }})
+			}
+			continue
+		case *eventstypes.ImageCreate:
+			name = e.Name
+		case *eventstypes.ImageUpdate:
+			name = e.Name
+		default:
+			continue
+		}
+		if key := env.Namespace + "\x00" + name; !seen[key] {
+			seen[key] = true
+			imgs = append(imgs, job{env, func(ctx context.Context, r *run) error { return r.borrowImage(ctx, name) }})
+		}
+	}
+	for _, j := range append(commits, imgs...) {
+		if err := b.do(ctx, c, j.env.Namespace, to, j.work); errdefs.IsUnavailable(err) {
+			return err
+		} else if err != nil {
+			log.G(ctx).WithError(err).WithField("namespace", j.env.Namespace).WithField("topic", j.env.Topic).Warn("borrow failed: containerd unpacks what is missing when a pod needs it")
+		}
+	}
+	return nil
 }
 
 // name returns the name containerd gives the snapshotter exporting Root.
@@ -202,13 +245,22 @@ func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work
 	}
 	ctx = namespaces.WithNamespace(ctx, ns)
 	id := leasePrefixBorrow + strconv.FormatInt(time.Now().Unix()/600, 10)
-	if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseLife)); err != nil && !errdefs.IsAlreadyExists(err) {
-		return fmt.Errorf("create lease %s: %w", id, err)
+	if b.leased[ns] != id {
+		if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseLife)); err != nil && !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("create lease %s: %w", id, err)
+		}
+		if b.leased == nil {
+			b.leased = map[string]string{}
+		}
+		b.leased[ns] = id
 	}
 	r := &run{opts: Options{Namespace: ns, From: b.From, To: to, Platform: platforms.Default()},
 		from: c.SnapshotService(b.From), to: c.SnapshotService(to), cs: c.ContentStore(), is: c.ImageService(),
 		leases: c.LeasesService(), sum: &Summary{}, retryStale: true}
 	err := work(leases.WithLease(ctx, id), r)
+	if err != nil {
+		delete(b.leased, ns) // in case the lease went
+	}
 	if r.sum.Layers > 0 {
 		log.G(ctx).WithField("namespace", ns).WithField("layers", r.sum.Layers).WithField("linked_bytes", r.sum.BytesLinked).
 			WithField("copied_bytes", r.sum.BytesCopied).Debug("borrowed")
