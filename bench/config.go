@@ -222,6 +222,15 @@ type Config struct {
 	// containerd and of the contender's daemon: CPU per pod by process and
 	// function group.
 	ProfileDensity bool `json:",omitempty"`
+	// DensityFresh makes scenario 7 pull the workload's image fresh before
+	// every run (issue 47): removed with crictl rmi, garbage collected
+	// until no snapshotter holds a layer of it, pulled with crictl into
+	// CRI's snapshotter; runtime-handler contenders then get no import
+	// beforehand.
+	DensityFresh bool `json:",omitempty"`
+	// DensityBorrow installs the daemon with borrow_from = "overlayfs" in
+	// its config: it keeps grouped in step with CRI's overlayfs.
+	DensityBorrow bool `json:",omitempty"`
 	// Contenders selects contenders by name (see Contenders; a selected
 	// one brings its parallel-unpack variant); grouped view always runs.
 	// Empty runs all.

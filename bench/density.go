@@ -351,6 +351,10 @@ type densityStage struct {
 	nodePprof, nodeMetrics string
 	current                string
 	logf                   func(string, ...any)
+	// fresh: every run pulls its image fresh (Config.DensityFresh);
+	// chains are each image's chain IDs, by image key.
+	fresh  bool
+	chains map[string][]string
 }
 
 // runDensity is scenario 7 on every release.
@@ -399,7 +403,7 @@ func runDensity(ctx context.Context, cfg Config, registry *harness.Registry, res
 }
 
 func startDensityStage(ctx context.Context, cfg Config, version string, registry *harness.Registry, images map[string]string) (st *densityStage, err error) {
-	st = &densityStage{version: version, contenders: densityContenders(cfg, version), images: images, noImage: map[string]map[string]string{}, profile: cfg.ProfileDensity, logf: cfg.Logf}
+	st = &densityStage{version: version, contenders: densityContenders(cfg, version), images: images, noImage: map[string]map[string]string{}, profile: cfg.ProfileDensity, logf: cfg.Logf, fresh: cfg.DensityFresh, chains: map[string][]string{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, st.close(ctx))
@@ -431,8 +435,22 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 		st.nodeMetrics = filepath.Join(st.env.Dir, "grouped-metrics.sock")
 		daemonFlags = []string{"--pprof-address", "unix://" + st.nodePprof, "--metrics-address", "unix://" + st.nodeMetrics}
 	}
+	if cfg.DensityBorrow {
+		// install.sh keeps a config it finds: the shipped one with
+		// borrowing on.
+		if err := writeBorrowConfig(filepath.Join(st.env.Dir, "node", "etc", "config.toml")); err != nil {
+			return st, err
+		}
+	}
 	if st.node, err = kube.InstallGrouped(ctx, st.env, cfg.Logf, daemonFlags...); err != nil {
 		return st, err
+	}
+	if st.fresh {
+		for key, ref := range images {
+			if st.chains[key], _, err = imageLayers(ctx, ref); err != nil {
+				return st, err
+			}
+		}
 	}
 	if err := st.startProxies(ctx); err != nil {
 		return st, err
@@ -474,7 +492,7 @@ func startDensityStage(ctx context.Context, cfg Config, version string, registry
 				st.logf("density %s: %s cannot pull %s: %v", version, c.Name, ref, err)
 			}
 		}
-		if c.Handler != "" && perr == nil {
+		if c.Handler != "" && perr == nil && !st.fresh {
 			// Pulled into CRI's overlayfs; made unpacked in grouped too,
 			// as install.sh --runtime-handler leaves it to the operator.
 			if err := st.importImages(ctx, refs); err != nil {
@@ -927,6 +945,11 @@ func densityRun(ctx context.Context, st *densityStage, c DensityContender, w Den
 	if err := st.settle(ctx, -1); err != nil {
 		return err
 	}
+	if st.fresh {
+		if err := st.pullFresh(ctx, w); err != nil {
+			return err
+		}
+	}
 	// A moment for the machine to quiet down after the restart and the
 	// previous run's cleanup.
 	time.Sleep(3 * time.Second)
@@ -1198,5 +1221,46 @@ func (st *densityStage) atRest(ctx context.Context, want int) error {
 			return fmt.Errorf("%d mounts under the node's directories, %d before the run", n, want)
 		}
 	}
+	return nil
+}
+
+// writeBorrowConfig writes the shipped config.toml.example to path with
+// borrow_from = "overlayfs" set.
+func writeBorrowConfig(path string) error {
+	repo, err := harness.FindRepoRoot()
+	if err != nil {
+		return err
+	}
+	example, err := os.ReadFile(filepath.Join(repo, "config.toml.example"))
+	if err != nil {
+		return err
+	}
+	var lines []string
+	for _, l := range strings.Split(string(example), "\n") {
+		if k, _, ok := strings.Cut(l, "="); ok && strings.TrimSpace(k) == "borrow_from" {
+			continue
+		}
+		lines = append(lines, l)
+	}
+	cfg := "borrow_from = \"overlayfs\"\n" + strings.Join(lines, "\n")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(cfg), 0o644)
+}
+
+// pullFresh makes w's image fresh on the node, as if it had never been
+// there, and pulls it with crictl into CRI's snapshotter.
+func (st *densityStage) pullFresh(ctx context.Context, w DensityWorkload) error {
+	ref := st.images[w.imageKey()]
+	t0 := time.Now()
+	if err := freshImage(ctx, st.env, ref, st.chains[w.imageKey()], st.logf); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	if _, err := st.env.CRI.Crictl(ctx, "pull", ref); err != nil {
+		return fmt.Errorf("crictl pull %s: %w", ref, err)
+	}
+	st.logf("density %s: %s removed in %s, pulled fresh in %s", st.version, ref, t1.Sub(t0).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
 	return nil
 }

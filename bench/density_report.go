@@ -216,7 +216,16 @@ func densityMethod(res *Results) string {
 		b.WriteString("erofs is containerd's EROFS snapshotter as Debian 12's erofs-utils 1.5 allows it (the walking differ and a conversion at commit), labelled so. It runs once per workload, a check that it runs the workload rather than a comparison with an interval.\n\n")
 	}
 	if ran(DensityGroupedHandler) {
-		b.WriteString("**grouped (runtime handler)** is the install mode of `install.sh install --runtime-handler grouped`: CRI's snapshotter stays containerd's in-process overlayfs, and a runtime handler rendered by `grouped-snapshotter runtime-handler` from `containerd config dump` (declared by a drop-in of its own only while this contender runs) runs the pods of RuntimeClass `grouped` on the installed grouped-snapshotter. Its user-namespaced pods name the class; its plain pods do not, so they run exactly as overlayfs's, with the handler declared and the daemon running. Its images, pulled through CRI into overlayfs, were made unpacked in grouped by `grouped-snapshotter import` before the first run.\n\n")
+		b.WriteString("**grouped (runtime handler)** is the install mode of `install.sh install --runtime-handler grouped`: CRI's snapshotter stays containerd's in-process overlayfs, and a runtime handler rendered by `grouped-snapshotter runtime-handler` from `containerd config dump` (declared by a drop-in of its own only while this contender runs) runs the pods of RuntimeClass `grouped` on the installed grouped-snapshotter. Its user-namespaced pods name the class; its plain pods do not, so they run exactly as overlayfs's, with the handler declared and the daemon running.")
+		if res.Config.DensityFresh {
+			b.WriteString(" Its images were not imported: before every run of every contender the run's image was removed from the node (`crictl rmi`, a synchronous garbage collection, checked gone from overlayfs and grouped) and pulled fresh with `crictl pull` into CRI's overlayfs; the pods were created once the pull had returned.")
+		} else {
+			b.WriteString(" Its images, pulled through CRI into overlayfs, were made unpacked in grouped by `grouped-snapshotter import` before the first run.")
+		}
+		if res.Config.DensityBorrow {
+			b.WriteString(" The installed daemon's config sets `borrow_from = \"overlayfs\"` (for every contender: it is the node's daemon).")
+		}
+		b.WriteString("\n\n")
 	}
 	if ran(OverlayProxyName) {
 		b.WriteString("**overlayfs behind proxy** is a control, not a product: containerd v2.4.2's own overlay snapshotter code served out of process by `bench/cmd/overlay-proxy` and registered as a proxy plugin with capabilities `[\"remap-ids\"]`, as grouped is. Its difference from overlayfs is the cost of being a proxy plugin (a second process, two gRPC hops per snapshotter call); its difference from grouped is grouped's own work.\n\n")

@@ -348,6 +348,7 @@ func RunFirstPod(ctx context.Context, cfg FirstPodConfig) (res *FirstPodResults,
 	}
 	for _, v := range cfg.Versions {
 		t0 := time.Now()
+		load0 := loadAverage()
 		st, err := startFirstPodStage(ctx, cfg, v, regEnv.Registry, images, res)
 		if err != nil {
 			return res, fmt.Errorf("first pod on containerd %s: %w", v, err)
@@ -359,21 +360,61 @@ func RunFirstPod(ctx context.Context, cfg FirstPodConfig) (res *FirstPodResults,
 		if err != nil {
 			return res, fmt.Errorf("first pod on containerd %s: %w", v, err)
 		}
+		res.notes = append(res.notes, fmt.Sprintf("containerd %s: the stage took %s; /proc/loadavg at its start %q, at its end %q (other users of the machine included).", v, time.Since(t0).Round(time.Second), load0, loadAverage()))
 		cfg.Logf("first pod: containerd %s done in %s", v, time.Since(t0).Round(time.Second))
 	}
 	return res, nil
 }
 
-// firstPodImages pushes the images to registry and reads their layers.
-func firstPodImages(ctx context.Context, cfg FirstPodConfig, registry *harness.Registry, res *FirstPodResults) (map[string]*firstPodImage, error) {
+// imageLayers reads ref's chain IDs and layer digests from the registry.
+func imageLayers(ctx context.Context, ref string) (chains, layers []string, err error) {
 	repo, err := harness.FindRepoRoot()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	tools, err := harness.FindTools(repo)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	crane := func(args ...string) ([]byte, error) {
+		out, err := exec.CommandContext(ctx, tools.Path("crane"), append(args, "--insecure")...).Output()
+		if err != nil {
+			return nil, fmt.Errorf("crane %s: %w", strings.Join(args, " "), err)
+		}
+		return out, nil
+	}
+	data, err := crane("config", ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	var config struct {
+		RootFS struct {
+			DiffIDs []string `json:"diff_ids"`
+		} `json:"rootfs"`
+	}
+	if err := json.Unmarshal(data, &config); err != nil {
+		return nil, nil, fmt.Errorf("%s's config: %w", ref, err)
+	}
+	if data, err = crane("manifest", ref); err != nil {
+		return nil, nil, err
+	}
+	var manifest struct {
+		Layers []struct {
+			Digest string `json:"digest"`
+		} `json:"layers"`
+	}
+	if err := json.Unmarshal(data, &manifest); err != nil {
+		return nil, nil, fmt.Errorf("%s's manifest: %w", ref, err)
+	}
+	for _, l := range manifest.Layers {
+		layers = append(layers, l.Digest)
+	}
+	return chainIDs(config.RootFS.DiffIDs), layers, nil
+}
+
+// firstPodImages pushes the images to registry and reads their layers.
+func firstPodImages(ctx context.Context, cfg FirstPodConfig, registry *harness.Registry, res *FirstPodResults) (map[string]*firstPodImage, error) {
+	var err error
 	images := map[string]*firstPodImage{}
 	for _, key := range slices.Concat(cfg.Images, cfg.DiscardImages) {
 		if images[key] != nil {
@@ -395,39 +436,8 @@ func firstPodImages(ctx context.Context, cfg FirstPodConfig, registry *harness.R
 			res.notes = append(res.notes, fmt.Sprintf("The real image is Debian %s with %s: %d regular files, %d bytes (%.0f MiB) of file content in %d layers.",
 				real.Suite, strings.Join(real.Packages, ", "), real.Files, real.Bytes, float64(real.Bytes)/(1<<20), real.Layers))
 		}
-		crane := func(args ...string) ([]byte, error) {
-			out, err := exec.CommandContext(ctx, tools.Path("crane"), append(args, "--insecure")...).Output()
-			if err != nil {
-				return nil, fmt.Errorf("crane %s: %w", strings.Join(args, " "), err)
-			}
-			return out, nil
-		}
-		data, err := crane("config", img.ref)
-		if err != nil {
+		if img.chains, img.layers, err = imageLayers(ctx, img.ref); err != nil {
 			return nil, err
-		}
-		var config struct {
-			RootFS struct {
-				DiffIDs []string `json:"diff_ids"`
-			} `json:"rootfs"`
-		}
-		if err := json.Unmarshal(data, &config); err != nil {
-			return nil, fmt.Errorf("%s's config: %w", img.ref, err)
-		}
-		img.chains = chainIDs(config.RootFS.DiffIDs)
-		if data, err = crane("manifest", img.ref); err != nil {
-			return nil, err
-		}
-		var manifest struct {
-			Layers []struct {
-				Digest string `json:"digest"`
-			} `json:"layers"`
-		}
-		if err := json.Unmarshal(data, &manifest); err != nil {
-			return nil, fmt.Errorf("%s's manifest: %w", img.ref, err)
-		}
-		for _, l := range manifest.Layers {
-			img.layers = append(img.layers, l.Digest)
 		}
 		images[key] = img
 		cfg.Logf("first pod: image %q is %s (%d layers), pushed in %s", key, img.ref, len(img.chains), time.Since(t0).Round(time.Millisecond))
@@ -683,7 +693,7 @@ func (st *firstPodStage) pair(ctx context.Context, c firstPodContender, img *fir
 		p.err = errHard{err}
 		return p
 	}
-	both0, ovl0, err := st.du(ctx)
+	both0, ovl0, err := st.settledDu(ctx)
 	if err != nil {
 		p.err = errHard{err}
 		return p
@@ -706,7 +716,7 @@ func (st *firstPodStage) pair(ctx context.Context, c firstPodContender, img *fir
 		if p.err != nil {
 			return
 		}
-		both1, ovl1, err := st.du(ctx)
+		both1, ovl1, err := st.settledDu(ctx)
 		if err != nil {
 			p.err = errHard{err}
 			return
@@ -768,26 +778,34 @@ func (st *firstPodStage) removePods(ctx context.Context, pods []string) error {
 }
 
 // fresh removes img and collects garbage until neither snapshotter keeps a
-// layer of it. A borrowing daemon keeps the layers it made under a lease
-// (an hour) after the image is gone: its leases are deleted then, and a
-// note says so.
+// layer of it (freshImage).
 func (st *firstPodStage) fresh(ctx context.Context, img *firstPodImage) error {
-	if _, err := st.env.CRI.Crictl(ctx, "rmi", img.ref); err != nil && !strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "no such image") {
-		return fmt.Errorf("crictl rmi %s: %w", img.ref, err)
+	return freshImage(ctx, st.env, img.ref, img.chains, func(format string, args ...any) {
+		st.note(fmt.Sprintf("containerd %s: ", st.version) + fmt.Sprintf(format, args...))
+	})
+}
+
+// freshImage removes ref from CRI (crictl rmi) and collects garbage until
+// neither overlayfs nor grouped keeps a snapshot of its chains. A
+// borrowing daemon keeps the layers it made under a lease (an hour) after
+// the image is gone: its leases are deleted then, and logf says so.
+func freshImage(ctx context.Context, env *harness.Env, ref string, chains []string, logf func(string, ...any)) error {
+	if _, err := env.CRI.Crictl(ctx, "rmi", ref); err != nil && !strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "no such image") {
+		return fmt.Errorf("crictl rmi %s: %w", ref, err)
 	}
 	leasesDropped := false
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if err := st.env.CollectGarbage(ctx); err != nil {
+		if err := env.CollectGarbage(ctx); err != nil {
 			return err
 		}
 		var left []string
 		for _, sn := range []string{harness.SnapshotterOverlayfs, harness.SnapshotterGrouped} {
-			out, err := st.env.CtrNS(ctx, harness.CRINamespace, "snapshots", "--snapshotter", sn, "ls")
+			out, err := env.CtrNS(ctx, harness.CRINamespace, "snapshots", "--snapshotter", sn, "ls")
 			if err != nil {
 				return err
 			}
-			for _, k := range leftChains(img.chains, parseSnapshotList(out)) {
+			for _, k := range leftChains(chains, parseSnapshotList(out)) {
 				left = append(left, sn+" "+k)
 			}
 		}
@@ -795,13 +813,13 @@ func (st *firstPodStage) fresh(ctx context.Context, img *firstPodImage) error {
 			return nil
 		}
 		if !leasesDropped {
-			dropped, err := st.dropBorrowLeases(ctx)
+			dropped, err := dropBorrowLeases(ctx, env)
 			if err != nil {
 				return err
 			}
 			if len(dropped) > 0 {
 				leasesDropped = true
-				st.note(fmt.Sprintf("containerd %s: after crictl rmi and a synchronous GC, %d snapshots of the image stayed (e.g. %s), held by the borrowing daemon's lease(s) %s; the bench deleted those leases to make the image fresh.", st.version, len(left), left[0], strings.Join(dropped, ", ")))
+				logf("after crictl rmi and a synchronous GC, %d snapshots of the image stayed (e.g. %s), held by the borrowing daemon's lease(s) %s; the bench deleted those leases to make the image fresh.", len(left), left[0], strings.Join(dropped, ", "))
 				continue
 			}
 		}
@@ -822,15 +840,15 @@ func (st *firstPodStage) note(s string) {
 
 // dropBorrowLeases deletes the borrowing daemon's leases in CRI's
 // namespace and returns their ids.
-func (st *firstPodStage) dropBorrowLeases(ctx context.Context) ([]string, error) {
-	out, err := st.env.CtrNS(ctx, harness.CRINamespace, "leases", "ls", "-q")
+func dropBorrowLeases(ctx context.Context, env *harness.Env) ([]string, error) {
+	out, err := env.CtrNS(ctx, harness.CRINamespace, "leases", "ls", "-q")
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
 	for _, id := range strings.Fields(out) {
 		if strings.HasPrefix(id, "grouped-snapshotter-borrow-") {
-			if _, err := st.env.CtrNS(ctx, harness.CRINamespace, "leases", "delete", "--sync", id); err != nil {
+			if _, err := env.CtrNS(ctx, harness.CRINamespace, "leases", "delete", "--sync", id); err != nil {
 				return nil, err
 			}
 			ids = append(ids, id)
@@ -869,6 +887,35 @@ func (st *firstPodStage) blobsKept(ctx context.Context, img *firstPodImage) (int
 		}
 	}
 	return n, nil
+}
+
+// settledDu is du once both figures hold still for a second: the
+// snapshotters remove a collected snapshot's directory after the
+// collection returns (their Cleanup), and a baseline taken while one is
+// still going would count it.
+func (st *firstPodStage) settledDu(ctx context.Context) (both, ovl int64, err error) {
+	if both, ovl, err = st.du(ctx); err != nil {
+		return 0, 0, err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		b, o, err := st.du(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		if b == both && o == ovl {
+			return both, ovl, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, fmt.Errorf("the snapshotters' roots still change a minute after the collection (%d → %d bytes, overlayfs %d → %d)", both, b, ovl, o)
+		}
+		both, ovl = b, o
+	}
 }
 
 // du returns the blocks of overlayfs's and grouped's roots together (a

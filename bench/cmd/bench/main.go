@@ -70,6 +70,8 @@ func run() error {
 	startLayers := flag.String("start-layers", "", "comma-separated layer counts of the starts (default: the configuration's)")
 	reps := flag.Int("reps", 0, "repetitions of the other comparisons, e.g. the API latencies (default: the configuration's; at least 3)")
 	profilePulls := flag.Int("profile-pulls", 0, "profiled pulls per contender and image after the timed ones: containerd's and the daemon's CPU by function group (issue 37)")
+	densityFresh := flag.Bool("density-fresh", false, "scenario 7: before every run remove the image from the node (crictl rmi, GC) and pull it fresh with crictl, instead of importing it into grouped beforehand (issue 47)")
+	densityBorrow := flag.Bool("density-borrow", false, `scenario 7: install the daemon with borrow_from = "overlayfs" (issue 47)`)
 	profileDensity := flag.Bool("profile-density", false, "scenario 7's observed runs also profile containerd and the contender's daemon: CPU per pod by function group (issue 37)")
 	pullReps := flag.Int("pull-reps", 0, "repetitions of every pull (default: the configuration's)")
 	bursts := flag.String("bursts", "", `comma-separated burst shapes MAPPINGSxPERMAPPINGxLAYERS, "+m" for the mount table only, e.g. "30x1x50,100x1x50+m" (default: the configuration's)`)
@@ -295,6 +297,8 @@ func run() error {
 	if *profileDensity {
 		cfg.ProfileDensity = true
 	}
+	cfg.DensityFresh = cfg.DensityFresh || *densityFresh
+	cfg.DensityBorrow = cfg.DensityBorrow || *densityBorrow
 	if *pullReps > 0 {
 		cfg.PullReps = *pullReps
 	}
