@@ -179,3 +179,29 @@ func TestFirstPodTable(t *testing.T) {
 		t.Errorf("UpdateReadme: %v\n%s", err, out)
 	}
 }
+
+func TestHandlerFresh(t *testing.T) {
+	res := &Results{Config: Quick()}
+	if got := HandlerFresh(res); !strings.Contains(got, "No run yet") {
+		t.Errorf("no run: %q", got)
+	}
+	w := DensityWorkload{Pods: 100, Userns: true, Image: DensityImageLayers, Layers: 50, Reps: 3}
+	h := &Results{Config: Density(), Machine: Machine{CPU: "cpu", Cores: 2}}
+	h.Config.Versions, h.Config.Density, h.Config.DensityFresh, h.Config.DensityBorrow = []string{harness.ContainerdV2_0}, []DensityWorkload{w}, true, true
+	for rep := range 3 {
+		h.Density = append(h.Density,
+			DensityRow{Version: harness.ContainerdV2_0, Contender: OverlayfsName, Workload: w, Rep: rep, SLO: []float64{10, 20}},
+			DensityRow{Version: harness.ContainerdV2_0, Contender: DensityGroupedHandler, Workload: w, Rep: rep, SLO: []float64{5, float64(10 + rep)}})
+	}
+	res.MergeHandlerFresh(h)
+	got := HandlerFresh(res)
+	for _, want := range []string{
+		"| v2.0.5 | 100 user-namespaced pods, 50 layers | 20.00 s | 11.00 s | 0.55× [",
+		"| ≤ 0.70 (upper end): **met** |",
+		"-density-fresh -density-borrow -name density-handler-fresh",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("block lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -47,6 +47,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{ProfileBegin, ProfileEnd, PullProfiles},
 		{DensityProfileBegin, DensityProfileEnd, DensityProfiles},
 		{FirstPodBegin, FirstPodEnd, func(res *Results) string { return FirstPodTable(res.firstPodRun) }},
+		{HandlerFreshBegin, HandlerFreshEnd, HandlerFresh},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
 		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {

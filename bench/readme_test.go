@@ -214,7 +214,14 @@ func TestBenchREADMECurrent(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin, FirstPodBegin} {
+		if strings.Contains(string(old), HandlerFreshBegin) {
+			if _, err := os.Stat(filepath.Join("results", HandlerFreshFile)); err == nil {
+				res.MergeHandlerFresh(read(HandlerFreshFile))
+			} else if !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin, FirstPodBegin, HandlerFreshBegin} {
 			if strings.Contains(string(old), marker) {
 				blocks[marker] = append(blocks[marker], doc)
 			}
@@ -229,7 +236,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 		}
 	}
 	want := map[string][]string{HeadlineBegin: {readme}, InstallModesBegin: {readme, benchmarks}}
-	for _, m := range []string{ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, FirstPodBegin} {
+	for _, m := range []string{ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, FirstPodBegin, HandlerFreshBegin} {
 		want[m] = []string{benchmarks}
 	}
 	for _, docs := range blocks {

@@ -56,6 +56,8 @@ type Results struct {
 	profileRun *Results
 	// firstPodRun holds the first-pod scenario of MergeFirstPod.
 	firstPodRun *FirstPodResults
+	// handlerFreshRun holds the density run of MergeHandlerFresh.
+	handlerFreshRun *Results
 	// criRuns hold the profiled density runs of MergeCRI, oldest first.
 	criRuns []*Results
 	// Done are the units the run finished, Parts the processes that ran

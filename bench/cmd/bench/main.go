@@ -40,7 +40,7 @@ func run() error {
 	firstPodPairs := flag.Int("firstpod-pairs", 0, "first-pod scenario: interleaved pairs per release, image and contender (default 5)")
 	firstPodImages := flag.String("firstpod-images", "", `first-pod scenario: comma-separated images, "50 layers" and/or "real" (default both)`)
 	firstPodContenders := flag.String("firstpod-contenders", "", "first-pod scenario: comma-separated contenders, borrow (\""+bench.FirstPodBorrow+"\"), no-borrow (\""+bench.FirstPodNoBorrow+"\") and overlayfs (default all)")
-	firstPodDiscard := flag.String("firstpod-discard", "", `first-pod scenario: comma-separated images of the discard_unpacked_layers = true variant, or "none" (default both images)`)
+	firstPodDiscard := flag.String("firstpod-discard", "", `first-pod scenario: comma-separated images of the discard_unpacked_layers = true variant, or "none" (default real)`)
 	firstPodResults := flag.String("firstpod-results", "", "with -render -readme: the first-pod results to show in the document's first-pod block (default <out>/"+bench.FirstPodFile+")")
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
@@ -146,6 +146,18 @@ func run() error {
 					return err
 				}
 				res.MergeFirstPod(fp)
+			}
+			if strings.Contains(string(old), bench.HandlerFreshBegin) {
+				data, err := os.ReadFile(filepath.Join(*out, bench.HandlerFreshFile))
+				if err == nil {
+					h := &bench.Results{}
+					if err := json.Unmarshal(data, h); err != nil {
+						return fmt.Errorf("decode %s: %w", bench.HandlerFreshFile, err)
+					}
+					res.MergeHandlerFresh(h)
+				} else if !os.IsNotExist(err) {
+					return err
+				}
 			}
 			updated, err := bench.UpdateReadme(old, res)
 			if err != nil {
