@@ -874,6 +874,10 @@ func TestInstallRuntimeHandler(t *testing.T) {
 	if !strings.Contains(out, "kubelet sees no writable-layer usage of pods of handler grouped") {
 		t.Errorf("the install's log does not say that kubelet misses the handler's pods' writable layers:\n%s", out)
 	}
+	// The handler's pods borrow overlayfs's layers (CRI pulls there).
+	if cfg, err := os.ReadFile(filepath.Join(dir, "etc/gs.toml")); err != nil || strings.Count(string(cfg), "\nborrow_from = \"overlayfs\"\n") != 1 || strings.Count(string(cfg), "\nborrow_from") != 1 {
+		t.Errorf("the config of a --runtime-handler install does not set borrow_from = \"overlayfs\" once (%v):\n%s", err, cfg)
+	}
 	var handler struct {
 		Plugins map[string]struct {
 			Containerd struct {

@@ -505,7 +505,17 @@ do_install() {
 	if [ ! -f "$H$CONFIG_FILE" ]; then
 		# The operator's config is never overwritten.
 		for example in "$HERE/config.toml.example" "$HERE/../config.toml.example"; do
-			if [ -f "$example" ]; then install_file "$example" "$H$CONFIG_FILE" 0644 || true; break; fi
+			[ -f "$example" ] || continue
+			if [ -n "$RUNTIME_HANDLER" ]; then
+				# The handler's pods find their image in grouped as CRI
+				# pulls it into overlayfs: the daemon borrows overlayfs's
+				# layers by hard links instead of an unpack at the first pod.
+				borrow_config "$example" >"$rendered"
+				install_file "$rendered" "$H$CONFIG_FILE" 0644 || true
+			else
+				install_file "$example" "$H$CONFIG_FILE" 0644 || true
+			fi
+			break
 		done
 	fi
 	if [ "$START" = 1 ]; then
@@ -539,6 +549,17 @@ do_install() {
 		forget_stale
 	fi
 	echo "grouped-snapshotter installed"
+}
+
+# borrow_config prints the config file $1 with borrow_from = "overlayfs"
+# (--runtime-handler: CRI's pulls go to overlayfs).
+borrow_config() {
+	if grep -Eq '^[[:space:]]*borrow_from[[:space:]]*=' "$1"; then
+		sed -E 's/^[[:space:]]*borrow_from[[:space:]]*=.*/borrow_from = "overlayfs"/' "$1"
+	else
+		cat "$1"
+		printf '\n# install.sh --runtime-handler\nborrow_from = "overlayfs"\n'
+	fi
 }
 
 # render_runtime renders the drop-in of --runtime-handler from
