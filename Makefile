@@ -128,7 +128,7 @@ update-results:
 # "context deadline exceeded" failure when its workers are slow to stop on a
 # loaded machine (seen here), which would fail CI for no input.
 FUZZTIME ?= 100000x
-FUZZ_TARGETS := idmap:FuzzParseRanges idmap:FuzzFromLabels mountopts:FuzzOverlayMount mountopts:FuzzShimMountData
+FUZZ_TARGETS := mountgroup:FuzzParseRanges mountgroup:FuzzFromLabels mountgroup:FuzzOverlayMount mountgroup:FuzzShimMountData
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
@@ -140,7 +140,7 @@ test: tools tools-k8s vet fuzz
 	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./...
 
 test-unit: vet
-	hack/gotest.sh ./idmap/... ./mountopts/... ./mappedparent/... ./migrate/... ./forget/... ./snapshot/... ./server/... ./plugin/... ./config/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/... ./integration/repository/...
+	hack/gotest.sh ./mountgroup/... ./migrate/... ./forget/... ./snapshot/... ./server/... ./plugin/... ./config/... ./cmd/... ./preflight/... ./metrics/... ./internal/... ./integration/results/... ./integration/cmd/readme-tables/... ./integration/repository/...
 
 test-integration: tools tools-k8s
 	hack/gotest.sh -timeout=$(TEST_TIMEOUT) ./integration/...

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -116,8 +116,8 @@ func (m *Metrics) observeMounts(mounts []mount.Mount) {
 	for _, mt := range mounts {
 		switch mt.Type {
 		case "overlay":
-			m.layers.Observe(float64(mountopts.LowerCount(mt)))
-			if n := mountopts.ShimLowerdirLen(mt, unix.Getpagesize()); n > 0 {
+			m.layers.Observe(float64(mountgroup.LowerCount(mt)))
+			if n := mountgroup.ShimLowerdirLen(mt, unix.Getpagesize()); n > 0 {
 				m.lowerdirs.Observe(float64(n))
 			}
 		case "bind":

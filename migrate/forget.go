@@ -1,9 +1,10 @@
-// Package forget removes containerd's records of a snapshotter's
-// snapshots: containerd keeps its own record of each, which deleting the
-// snapshotter's root (uninstall --purge) does not remove, and a later
-// install would meet records of snapshots it does not have ("target
-// snapshot already exists", "missing parent").
-package forget
+package migrate
+
+// Forgetting removes containerd's records of a snapshotter's snapshots:
+// containerd keeps its own record of each, which deleting the snapshotter's
+// root (uninstall --purge) does not remove, and a later install would meet
+// records of snapshots it does not have ("target snapshot already exists",
+// "missing parent").
 
 import (
 	"context"
@@ -17,8 +18,8 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Result says what Snapshots did in one containerd namespace.
-type Result struct {
+// ForgetResult says what Forget did in one containerd namespace.
+type ForgetResult struct {
 	Namespace string
 	// Removed are the snapshot keys containerd no longer records.
 	Removed int
@@ -26,26 +27,26 @@ type Result struct {
 	Kept []string
 }
 
-// Snapshots removes every snapshot containerd records for snapshotter, in
+// Forget removes every snapshot containerd records for snapshotter, in
 // every namespace, children before parents, except those a container still
 // uses and their parents. It needs containerd with the snapshotter
 // configured and its daemon answering: containerd lists a snapshotter's
 // records through it.
-func Snapshots(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
-	return eachNamespace(ctx, c, "forget "+snapshotter+"'s snapshots", func(ctx context.Context, _ string) (Result, error) {
+func Forget(ctx context.Context, c *client.Client, snapshotter string) ([]ForgetResult, error) {
+	return eachNamespace(ctx, c, "forget "+snapshotter+"'s snapshots", func(ctx context.Context, _ string) (ForgetResult, error) {
 		return forgetIn(ctx, c, snapshotter)
 	})
 }
 
 // eachNamespace runs fn in every containerd namespace, sorted, and returns
 // the results that did something; what names the work in errors.
-func eachNamespace(ctx context.Context, c *client.Client, what string, fn func(context.Context, string) (Result, error)) ([]Result, error) {
+func eachNamespace(ctx context.Context, c *client.Client, what string, fn func(context.Context, string) (ForgetResult, error)) ([]ForgetResult, error) {
 	nss, err := c.NamespaceService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: list containerd namespaces: %w", what, err)
 	}
 	sort.Strings(nss)
-	var out []Result
+	var out []ForgetResult
 	for _, ns := range nss {
 		r, err := fn(namespaces.WithNamespace(ctx, ns), ns)
 		r.Namespace = ns
@@ -59,8 +60,8 @@ func eachNamespace(ctx context.Context, c *client.Client, what string, fn func(c
 	return out, nil
 }
 
-func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result, error) {
-	var r Result
+func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (ForgetResult, error) {
+	var r ForgetResult
 	sn := c.SnapshotService(snapshotter)
 	parent := map[string]string{}
 	if err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
@@ -83,7 +84,7 @@ func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result
 			inUse = append(inUse, info.SnapshotKey)
 		}
 	}
-	order, kept := plan(parent, inUse)
+	order, kept := forgetOrder(parent, inUse)
 	r.Kept = kept
 	for _, key := range order {
 		if err := sn.Remove(ctx, key); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -99,7 +100,7 @@ func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Result
 // kept, sorted: the snapshots of inUse (containers' keys) and their chains,
 // since removing them would take the root filesystem of a container that
 // may still run.
-func plan(parent map[string]string, inUse []string) (order, kept []string) {
+func forgetOrder(parent map[string]string, inUse []string) (order, kept []string) {
 	children := map[string]int{}
 	for _, p := range parent {
 		if p != "" {

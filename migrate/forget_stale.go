@@ -1,4 +1,4 @@
-package forget
+package migrate
 
 import (
 	"context"
@@ -14,8 +14,8 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 )
 
-// Stale removes containerd's records of snapshotter's snapshots that the
-// snapshotter no longer has, in every namespace. Snapshots keeps the
+// ForgetStale removes containerd's records of snapshotter's snapshots that the
+// snapshotter no longer has, in every namespace. Forget keeps the
 // records of containers that still run, and the purge that follows
 // deletes their snapshots: containerd, which no longer loads the
 // snapshotter when those containers go, keeps the records, and a later
@@ -23,14 +23,14 @@ import (
 // snapshot already exists"). containerd lists no such record (its Walk
 // skips what the snapshotter lacks), so the keys come from what names
 // them: containers' snapshot keys and the chain IDs of images' layers.
-func Stale(ctx context.Context, c *client.Client, snapshotter string) ([]Result, error) {
-	return eachNamespace(ctx, c, "forget "+snapshotter+"'s stale records", func(ctx context.Context, ns string) (Result, error) {
+func ForgetStale(ctx context.Context, c *client.Client, snapshotter string) ([]ForgetResult, error) {
+	return eachNamespace(ctx, c, "forget "+snapshotter+"'s stale records", func(ctx context.Context, ns string) (ForgetResult, error) {
 		return staleIn(ctx, c, snapshotter, ns)
 	})
 }
 
-func staleIn(ctx context.Context, c *client.Client, snapshotter, ns string) (Result, error) {
-	var r Result
+func staleIn(ctx context.Context, c *client.Client, snapshotter, ns string) (ForgetResult, error) {
+	var r ForgetResult
 	keys, err := namedKeys(ctx, c, snapshotter)
 	if err != nil {
 		return r, err

@@ -1,4 +1,4 @@
-package forget
+package migrate
 
 import (
 	"slices"
@@ -15,7 +15,7 @@ func TestPlan(t *testing.T) {
 		"v1": "l2",           // a view of a lower layer
 		"o1": "", "o2": "o1", // another image, unused
 	}
-	order, kept := plan(parent, []string{"c1", "gone"})
+	order, kept := forgetOrder(parent, []string{"c1", "gone"})
 	if want := []string{"c1", "l1", "l2", "l3"}; !slices.Equal(kept, want) {
 		t.Errorf("kept %v, want %v", kept, want)
 	}
@@ -23,7 +23,7 @@ func TestPlan(t *testing.T) {
 		t.Errorf("removal order %v, want %v", order, want)
 	}
 
-	order, kept = plan(parent, nil)
+	order, kept = forgetOrder(parent, nil)
 	if len(kept) != 0 || len(order) != len(parent) {
 		t.Fatalf("with no container: kept %v, removed %d of %d", kept, len(order), len(parent))
 	}

@@ -1,6 +1,9 @@
-// Package migrate moves a node's unpacked images between two of
-// containerd's snapshotters without pulling them again: import (overlayfs
-// to grouped) and export (back) are one operation with the names swapped.
+// Package migrate moves containerd's records and layers between two of its
+// snapshotters. Import (overlayfs to grouped) and export (back) move a
+// node's unpacked images without pulling them again, one operation with the
+// names swapped; a Borrower keeps grouped in step with overlayfs as layers
+// come; Forget and ForgetStale drop containerd's records of a snapshotter's
+// snapshots.
 //
 // Both keep a committed layer as a plain directory in overlayfs's format,
 // so a layer moves as a directory, through containerd's snapshot API so

@@ -1,11 +1,4 @@
-// Package idmap parses and validates the user-namespace labels containerd
-// puts on a snapshot (containerd.io/snapshot/uidmapping and gidmapping).
-//
-// A label value is one or more comma-separated "container:host:size" ranges,
-// the same shape as /proc/<pid>/uid_map lines. The parser is strict: the
-// kernel rejects many mappings only when a user namespace is made from them,
-// which for a snapshotter would be at container start, far from the cause.
-package idmap
+package mountgroup
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package idmap
+package mountgroup
 
 import (
 	"slices"

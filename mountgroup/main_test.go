@@ -1,4 +1,4 @@
-package mappedparent
+package mountgroup
 
 import (
 	"os"

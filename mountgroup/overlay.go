@@ -1,4 +1,4 @@
-package mountopts
+package mountgroup
 
 import (
 	"fmt"

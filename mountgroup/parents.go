@@ -1,4 +1,4 @@
-package mappedparent
+package mountgroup
 
 import (
 	"errors"
@@ -12,8 +12,6 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 )
 
 // mappedAttrs are the attributes of every mapped parent: idmapped, and
@@ -83,7 +81,7 @@ func (p *Parents) Syscalls() uint64 { return p.syscalls.Load() }
 // there already: the caller gives a name to one mapping only, and
 // everything mounted before NewParents is gone, so that mount is m's, left
 // by an unmount that failed.
-func (p *Parents) Mount(name string, m *idmap.Mapping) error {
+func (p *Parents) Mount(name string, m *Mapping) error {
 	path := p.Path(name)
 	if isMount, err := mountinfo.Mounted(path); err == nil && isMount {
 		return nil
@@ -104,7 +102,7 @@ func (p *Parents) Mount(name string, m *idmap.Mapping) error {
 // containerd's mount.IDMapMountWithAttrs the clone is not recursive:
 // nothing is mounted under the layer parent, and a recursive idmap would
 // fail if something were.
-func MountIDMapped(src, target string, m *idmap.Mapping, calls *atomic.Uint64) error {
+func MountIDMapped(src, target string, m *Mapping, calls *atomic.Uint64) error {
 	if calls == nil {
 		calls = new(atomic.Uint64)
 	}

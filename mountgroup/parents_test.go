@@ -1,4 +1,4 @@
-package mappedparent
+package mountgroup
 
 import (
 	"errors"
@@ -11,8 +11,6 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
 )
 
 func requireRoot(t testing.TB) {
@@ -22,9 +20,9 @@ func requireRoot(t testing.TB) {
 	}
 }
 
-func mapping(t *testing.T, uid, gid string) *idmap.Mapping {
+func mapping(t *testing.T, uid, gid string) *Mapping {
 	t.Helper()
-	m, err := idmap.FromLabels(map[string]string{idmap.UIDLabel: uid, idmap.GIDLabel: gid})
+	m, err := FromLabels(map[string]string{UIDLabel: uid, GIDLabel: gid})
 	if err != nil {
 		t.Fatal(err)
 	}

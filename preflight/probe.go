@@ -8,14 +8,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // probeMapping is an arbitrary mapping for the probe; only its shape matters.
-var probeMapping = &idmap.Mapping{
-	UIDs: []idmap.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
-	GIDs: []idmap.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
+var probeMapping = &mountgroup.Mapping{
+	UIDs: []mountgroup.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
+	GIDs: []mountgroup.Range{{ContainerID: 0, HostID: 100000, Size: 65536}},
 }
 
 // probeIDMapped mounts, inside dir, what a user-namespaced container gets:
@@ -49,7 +48,7 @@ func probeIDMapped(dir string) (mountErr, overlayErr error) {
 			return err, err
 		}
 	}
-	if err := mappedparent.MountIDMapped(layers, mapped, probeMapping, nil); err != nil {
+	if err := mountgroup.MountIDMapped(layers, mapped, probeMapping, nil); err != nil {
 		return err, fmt.Errorf("idmapped mount of the lower layers' parent: %w", err)
 	}
 	defer unmountProbe(mapped, &overlayErr)

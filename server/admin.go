@@ -8,8 +8,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
 // AdminService is the gRPC service the admin CLI uses for live state that
@@ -21,7 +19,9 @@ const AdminService = "grouped.v1.Admin"
 // Admin is what the admin service exposes.
 type Admin interface {
 	Info(ctx context.Context) (DaemonInfo, error)
-	MappedParents(ctx context.Context) ([]snapshot.MappedParent, error)
+	// MappedParents lists the mapped parents (any JSON-encodable value:
+	// the server is the snapshotter's transport and knows no type of it).
+	MappedParents(ctx context.Context) (any, error)
 	Orphans(ctx context.Context) ([]string, error)
 	// RemoveOrphans removes what Orphans lists and returns what it removed.
 	RemoveOrphans(ctx context.Context) ([]string, error)

@@ -16,8 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 func newSnapshotter(t *testing.T) (*Snapshotter, context.Context) {
@@ -142,7 +141,7 @@ func TestLayoutSharedParent(t *testing.T) {
 		t.Fatalf("view of one layer: %+v %v", m, err)
 	}
 	m, err = sn.View(ctx, "view3", top)
-	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountopts.LowerCount(m[0]) != 3 {
+	if err != nil || len(m) != 1 || m[0].Type != "overlay" || mountgroup.LowerCount(m[0]) != 3 {
 		t.Fatalf("view of three layers: %+v %v", m, err)
 	}
 }
@@ -166,7 +165,7 @@ func Test500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountopts.ShimMountData(mounts[0], os.Getpagesize())
+	data, _ := mountgroup.ShimMountData(mounts[0], os.Getpagesize())
 	t.Logf("500 layers: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(mounts, target); err != nil {
@@ -205,7 +204,7 @@ func Test500Layers(t *testing.T) {
 func TestRemapLabelsShimMode(t *testing.T) {
 	sn, ctx := newSnapshotterMode(t, IDMapShim)
 	top := commitChain(t, sn, ctx, 2)
-	labels := snapshots.WithLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:200000:65536"})
+	labels := snapshots.WithLabels(map[string]string{mountgroup.UIDLabel: "0:100000:65536", mountgroup.GIDLabel: "0:200000:65536"})
 	mounts, err := sn.Prepare(ctx, "userns", top, labels)
 	if err != nil {
 		t.Fatal(err)
@@ -229,8 +228,8 @@ func TestRemapLabelsShimMode(t *testing.T) {
 	}
 	// The mapping is fixed once created.
 	info, _ := sn.Stat(ctx, "userns")
-	info.Labels[idmap.UIDLabel] = "0:300000:65536"
-	if _, err := sn.Update(ctx, info, "labels."+idmap.UIDLabel); !errdefs.IsInvalidArgument(err) {
+	info.Labels[mountgroup.UIDLabel] = "0:300000:65536"
+	if _, err := sn.Update(ctx, info, "labels."+mountgroup.UIDLabel); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("changing the uid mapping: got %v, want invalid argument", err)
 	}
 }
@@ -245,8 +244,8 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		want              func(error) bool
 		text              string
 	}{
-		{"uid without gid", "k1", top, map[string]string{idmap.UIDLabel: "0:100000:65536"}, errdefs.IsInvalidArgument, idmap.UIDLabel},
-		{"malformed gid", "k2", top, map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:x:1"}, errdefs.IsInvalidArgument, idmap.GIDLabel},
+		{"uid without gid", "k1", top, map[string]string{mountgroup.UIDLabel: "0:100000:65536"}, errdefs.IsInvalidArgument, mountgroup.UIDLabel},
+		{"malformed gid", "k2", top, map[string]string{mountgroup.UIDLabel: "0:100000:65536", mountgroup.GIDLabel: "0:x:1"}, errdefs.IsInvalidArgument, mountgroup.GIDLabel},
 		{"unknown parent", "k3", "no-such-parent", nil, errdefs.IsNotFound, "no-such-parent"},
 		{"empty key", "", top, nil, errdefs.IsInvalidArgument, "key is empty"},
 		{"NUL in key", "a\x00b", top, nil, errdefs.IsInvalidArgument, "NUL"},

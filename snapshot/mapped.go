@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/log"
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // The mapped-parent registry lives in the MetaStore's bbolt file, so that
@@ -89,7 +89,7 @@ func mappedBucket(tx *bolt.Tx, create bool) (*bolt.Bucket, error) {
 // useMappedParent records that snapshot id uses the mapped parent of m
 // called name: its registered one, or for a mapping without one, one the
 // caller has mounted. The caller holds m's lock.
-func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string) error {
+func useMappedParent(tx *bolt.Tx, m *mountgroup.Mapping, id, name string) error {
 	views, err := mappedBucket(tx, true)
 	if err != nil {
 		return err
@@ -114,7 +114,7 @@ func useMappedParent(tx *bolt.Tx, m *idmap.Mapping, id, name string) error {
 
 // mappedParentOf returns the mapped-parent name of m and whether snapshot id
 // is one of its users; name is "" if m has no mapped parent.
-func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUser bool) {
+func mappedParentOf(tx *bolt.Tx, m *mountgroup.Mapping, id string) (name string, isUser bool) {
 	views, _ := mappedBucket(tx, false)
 	if views == nil {
 		return "", false
@@ -131,7 +131,7 @@ func mappedParentOf(tx *bolt.Tx, m *idmap.Mapping, id string) (name string, isUs
 // (nil m: none) and returns its name if it is left without users; its
 // registry entry is then deleted. The caller holds m's lock and unmounts it
 // once the transaction has committed.
-func releaseMappedParent(tx *bolt.Tx, m *idmap.Mapping, id string) (string, error) {
+func releaseMappedParent(tx *bolt.Tx, m *mountgroup.Mapping, id string) (string, error) {
 	if m == nil {
 		return "", nil
 	}
@@ -233,7 +233,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 			if err != nil {
 				return err
 			}
-			m, err := idmap.FromLabels(info.Labels)
+			m, err := mountgroup.FromLabels(info.Labels)
 			if err != nil {
 				return fmt.Errorf("snapshot %q: %w", key, err)
 			}
@@ -274,7 +274,7 @@ func (s *Snapshotter) reconcileMappedParents(ctx context.Context) (registered ma
 // first use. It takes m's lock unless the caller holds it (locked), and
 // checks under it that name is still m's: a removal may have dropped it
 // since the caller read it.
-func (s *Snapshotter) ensureMapped(ctx context.Context, m *idmap.Mapping, name string, locked bool) error {
+func (s *Snapshotter) ensureMapped(ctx context.Context, m *mountgroup.Mapping, name string, locked bool) error {
 	if _, ok := s.mounted.Load(name); ok {
 		return nil
 	}
@@ -299,17 +299,17 @@ func (s *Snapshotter) ensureMapped(ctx context.Context, m *idmap.Mapping, name s
 }
 
 // mappingOfKey parses a registry key, a mapping's canonical
-// "uid=<ranges> gid=<ranges>" form (idmap.Mapping.String).
-func mappingOfKey(key string) (*idmap.Mapping, error) {
+// "uid=<ranges> gid=<ranges>" form (mountgroup.Mapping.String).
+func mappingOfKey(key string) (*mountgroup.Mapping, error) {
 	labels := map[string]string{}
 	for _, part := range strings.Fields(key) {
 		if v, ok := strings.CutPrefix(part, "uid="); ok {
-			labels[idmap.UIDLabel] = v
+			labels[mountgroup.UIDLabel] = v
 		} else if v, ok := strings.CutPrefix(part, "gid="); ok {
-			labels[idmap.GIDLabel] = v
+			labels[mountgroup.GIDLabel] = v
 		}
 	}
-	m, err := idmap.FromLabels(labels)
+	m, err := mountgroup.FromLabels(labels)
 	if err == nil && (m == nil || m.String() != key) {
 		err = fmt.Errorf("registry key %q is not a mapping: %w", key, errdefs.ErrDataLoss)
 	}

@@ -15,14 +15,13 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 func remap(host string) snapshots.Opt {
 	return snapshots.WithLabels(map[string]string{
-		idmap.UIDLabel: "0:" + host + ":65536",
-		idmap.GIDLabel: "0:" + host + ":65536",
+		mountgroup.UIDLabel: "0:" + host + ":65536",
+		mountgroup.GIDLabel: "0:" + host + ":65536",
 	})
 }
 
@@ -221,7 +220,7 @@ func TestMappedParentMode500Layers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := mountopts.ShimMountData(m[0], os.Getpagesize())
+	data, _ := mountgroup.ShimMountData(m[0], os.Getpagesize())
 	t.Logf("500 remapped layers through a mapped parent: %d bytes of mount data", len(data))
 	target := t.TempDir()
 	if err := mount.All(m, target); err != nil {
@@ -314,7 +313,7 @@ func TestReadOnlyMountOfMappedChainFits(t *testing.T) {
 		}
 	}
 	ro := mount.Mount{Type: "overlay", Source: "overlay", Options: append(opts, "ro")}
-	if err := mountopts.CheckMountData(ro, os.Getpagesize()); err != nil {
+	if err := mountgroup.CheckMountData(ro, os.Getpagesize()); err != nil {
 		t.Errorf("read-only mount of a 400-layer chain through a mapped parent: %v", err)
 	}
 }

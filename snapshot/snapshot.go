@@ -42,9 +42,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mountopts"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 const (
@@ -100,7 +98,7 @@ type Snapshotter struct {
 	ms      *storage.MetaStore
 	cfg     Config
 	options []string
-	mapped  *mappedparent.Parents // nil in shim mode
+	mapped  *mountgroup.Parents // nil in shim mode
 	startup StartupReport
 	// nextMapped is the next mapped-parent name (base 36) to hand out.
 	nextMapped atomic.Uint64
@@ -200,9 +198,9 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 	// the calls that need it.
 	var unmounted []string
 	if cfg.IDMap != IDMapShim {
-		s.mapped, unmounted, err = mappedparent.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
+		s.mapped, unmounted, err = mountgroup.NewParents(filepath.Join(root, layersDir), filepath.Join(root, mappedDir))
 	} else {
-		unmounted, err = mappedparent.UnmountAll(filepath.Join(root, mappedDir))
+		unmounted, err = mountgroup.UnmountAll(filepath.Join(root, mappedDir))
 	}
 	if err == nil {
 		err = s.migrateFormat(context.Background())
@@ -294,7 +292,7 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 		if updated, err = storage.UpdateInfo(ctx, info, fieldpaths...); err != nil {
 			return err
 		}
-		for _, label := range []string{idmap.UIDLabel, idmap.GIDLabel} {
+		for _, label := range []string{mountgroup.UIDLabel, mountgroup.GIDLabel} {
 			if old.Labels[label] != updated.Labels[label] {
 				return fmt.Errorf("label %q cannot change after the snapshot is created: %w", label, errdefs.ErrInvalidArgument)
 			}
@@ -363,7 +361,7 @@ func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snap
 func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, err error) {
 	var (
 		snap       storage.Snapshot
-		mapping    *idmap.Mapping
+		mapping    *mountgroup.Mapping
 		mappedName string
 	)
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) (err error) {
@@ -374,7 +372,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, 
 		if err != nil {
 			return err
 		}
-		if mapping, err = idmap.FromLabels(info.Labels); err != nil || s.mapped == nil || !mayUseMappedParent(snap, mapping) {
+		if mapping, err = mountgroup.FromLabels(info.Labels); err != nil || s.mapped == nil || !mayUseMappedParent(snap, mapping) {
 			return err
 		}
 		name, isUser := mappedParentOf(tx, mapping, snap.ID)
@@ -406,7 +404,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) (_ []mount.Mount, 
 // mayUseMappedParent reports whether snap may read its layers through a
 // mapped parent: remapped, with layers, and not committed. Whether it does
 // is in the registry.
-func mayUseMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
+func mayUseMappedParent(snap storage.Snapshot, mapping *mountgroup.Mapping) bool {
 	return mapping != nil && len(snap.ParentIDs) > 0 && snap.Kind != snapshots.KindCommitted
 }
 
@@ -415,7 +413,7 @@ func mayUseMappedParent(snap storage.Snapshot, mapping *idmap.Mapping) bool {
 // mount happens under it: a creation that reads m's mapped-parent name finds
 // it still registered and mounted when its own transaction commits, and a
 // removal unmounts a mapped parent that no creation is about to use.
-func (s *Snapshotter) lockMapping(m *idmap.Mapping) (unlock func()) {
+func (s *Snapshotter) lockMapping(m *mountgroup.Mapping) (unlock func()) {
 	if m == nil {
 		return func() {}
 	}
@@ -427,11 +425,11 @@ func (s *Snapshotter) lockMapping(m *idmap.Mapping) (unlock func()) {
 // lockMappingOf reads the mapping of snapshot key and takes its lock. The
 // caller's transaction checks with sameMapping that key still has that
 // mapping: the key may have been removed and made again meanwhile.
-func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (m *idmap.Mapping, unlock func(), err error) {
+func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (m *mountgroup.Mapping, unlock func(), err error) {
 	err = s.ms.WithTransaction(ctx, false, func(ctx context.Context) error {
 		_, info, _, err := storage.GetInfo(ctx, key)
 		if err == nil {
-			m, err = idmap.FromLabels(info.Labels)
+			m, err = mountgroup.FromLabels(info.Labels)
 		}
 		return err
 	})
@@ -442,8 +440,8 @@ func (s *Snapshotter) lockMappingOf(ctx context.Context, key string) (m *idmap.M
 }
 
 // sameMapping fails unless labels carry mapping locked (see lockMappingOf).
-func sameMapping(labels map[string]string, locked *idmap.Mapping) error {
-	m, err := idmap.FromLabels(labels)
+func sameMapping(labels map[string]string, locked *mountgroup.Mapping) error {
+	m, err := mountgroup.FromLabels(labels)
 	if err != nil {
 		return err
 	}
@@ -611,7 +609,7 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 			return nil, err
 		}
 	}
-	mapping, err := idmap.FromLabels(requested.Labels)
+	mapping, err := mountgroup.FromLabels(requested.Labels)
 	if err != nil {
 		return nil, err
 	}
@@ -645,8 +643,8 @@ func (s *Snapshotter) create(ctx context.Context, kind snapshots.Kind, key, pare
 		if err != nil {
 			return err
 		}
-		if len(snap.ParentIDs) > mountopts.MaxLowerDirs {
-			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountopts.MaxLowerDirs, errdefs.ErrInvalidArgument)
+		if len(snap.ParentIDs) > mountgroup.MaxLowerDirs {
+			return fmt.Errorf("parent %q is a chain of %d layers, more than overlayfs's limit of %d: %w", parent, len(snap.ParentIDs), mountgroup.MaxLowerDirs, errdefs.ErrInvalidArgument)
 		}
 		// A view of layers needs no directory of its own; a view of nothing
 		// binds an empty one, as containerd's overlayfs does.
@@ -753,7 +751,7 @@ func AutoUsesMappedParents(major, minor int) bool {
 // mappedParentFor returns the name of m's mapped parent, mounted: the
 // registered one, or a new one (isNew) that the caller registers or drops.
 // The caller holds m's lock.
-func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (name string, isNew bool, err error) {
+func (s *Snapshotter) mappedParentFor(ctx context.Context, m *mountgroup.Mapping) (name string, isNew bool, err error) {
 	err = s.withTx(ctx, false, func(ctx context.Context, tx *bolt.Tx) error {
 		name, _ = mappedParentOf(tx, m, "")
 		return nil
@@ -780,7 +778,7 @@ func (s *Snapshotter) mappedParentFor(ctx context.Context, m *idmap.Mapping) (na
 // (see markTopDir), gives the upper its owner and renames them to snap's
 // names, inside the transaction that took snap's ID. undo removes them,
 // still empty, before that transaction rolls back.
-func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (undo func(), err error) {
+func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *mountgroup.Mapping) (undo func(), err error) {
 	layer, work, err := s.dirs(snap.ID)
 	if err != nil {
 		return nil, err
@@ -831,7 +829,7 @@ func (s *Snapshotter) makeDirs(snap storage.Snapshot, mapping *idmap.Mapping) (u
 // chownUpper gives a new upper directory its owner: the mapped root of a
 // remapped snapshot, or else the owner of the parent layer's root, as
 // containerd's overlayfs does.
-func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *idmap.Mapping) error {
+func (s *Snapshotter) chownUpper(upper string, snap storage.Snapshot, mapping *mountgroup.Mapping) error {
 	var uid, gid uint32
 	switch {
 	case mapping != nil:
@@ -894,7 +892,7 @@ func (s *Snapshotter) moveToTemp(path, prefix string) (string, error) {
 // parents (and a view of a single layer), otherwise one overlay.
 //
 // mappedName is the mapped parent the layers are read through, "" for none.
-func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mappedName string) ([]mount.Mount, error) {
+func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *mountgroup.Mapping, mappedName string) ([]mount.Mount, error) {
 	var flags []string
 	if mapping != nil && mappedName == "" && s.cfg.IDMap != IDMapMapped {
 		flags = []string{"uidmap=" + mapping.UIDLabelValue(), "gidmap=" + mapping.GIDLabelValue()}
@@ -918,16 +916,16 @@ func (s *Snapshotter) mounts(snap storage.Snapshot, mapping *idmap.Mapping, mapp
 	var m mount.Mount
 	switch {
 	case snap.Kind == snapshots.KindView && len(lowers) == 0:
-		m, err = mountopts.Bind(upper, true)
+		m, err = mountgroup.Bind(upper, true)
 	case snap.Kind == snapshots.KindView && len(lowers) == 1:
-		m, err = mountopts.Bind(lowers[0], true, flags...)
+		m, err = mountgroup.Bind(lowers[0], true, flags...)
 	case snap.Kind == snapshots.KindView:
-		m, err = mountopts.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
+		m, err = mountgroup.Overlay{Lowers: lowers, Options: s.options, Flags: flags}.Mount()
 	case len(lowers) == 0:
 		// Nothing to idmap: the upper already belongs to the mapped root.
-		m, err = mountopts.Bind(upper, false)
+		m, err = mountgroup.Bind(upper, false)
 	default:
-		m, err = mountopts.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
+		m, err = mountgroup.Overlay{Lowers: lowers, Upper: upper, Work: work, Options: s.options, Flags: flags}.Mount()
 	}
 	return []mount.Mount{m}, err
 }
@@ -1054,6 +1052,6 @@ func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 // directory, for uninstalling and tests. Call it after Close; running
 // containers keep working.
 func (s *Snapshotter) UnmountMappedParents() error {
-	_, err := mappedparent.UnmountAll(filepath.Join(s.root, mappedDir))
+	_, err := mountgroup.UnmountAll(filepath.Join(s.root, mappedDir))
 	return err
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/config"
-	"github.com/grouped-snapshotter/grouped-snapshotter/forget"
+	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
 )
 
 // forgetCommand removes containerd's records of grouped's snapshots, the
@@ -41,7 +41,7 @@ func forgetCommand() *cli.Command {
 			defer cl.Close()
 			name := c.String("snapshotter")
 			if c.Bool("stale") {
-				results, err := forget.Stale(c.Context, cl, name)
+				results, err := migrate.ForgetStale(c.Context, cl, name)
 				for _, r := range results {
 					fmt.Printf("namespace %s: %d records of snapshots %s no longer has forgotten", r.Namespace, r.Removed, name)
 					if len(r.Kept) > 0 {
@@ -51,7 +51,7 @@ func forgetCommand() *cli.Command {
 				}
 				return err
 			}
-			results, err := forget.Snapshots(c.Context, cl, name)
+			results, err := migrate.Forget(c.Context, cl, name)
 			for _, r := range results {
 				fmt.Printf("namespace %s: %d snapshots forgotten", r.Namespace, r.Removed)
 				if len(r.Kept) > 0 {

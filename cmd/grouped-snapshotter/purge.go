@@ -15,7 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // purgeCommand removes a stopped snapshotter's whole root, the uninstall's
@@ -159,7 +159,7 @@ func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
 	}
 	sort.Strings(tops)
 	for _, dir := range tops {
-		if _, err := mappedparent.UnmountAll(dir); err != nil {
+		if _, err := mountgroup.UnmountAll(dir); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
 	}

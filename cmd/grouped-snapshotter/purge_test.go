@@ -20,8 +20,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/grouped-snapshotter/grouped-snapshotter/idmap"
-	"github.com/grouped-snapshotter/grouped-snapshotter/mappedparent"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -136,7 +135,7 @@ func layOutRoot(t *testing.T, root string) (ctr, view []mount.Mount) {
 	}
 	defer sn.Close()
 	t.Cleanup(func() {
-		if _, err := mappedparent.UnmountAll(filepath.Join(root, "v")); err != nil {
+		if _, err := mountgroup.UnmountAll(filepath.Join(root, "v")); err != nil {
 			t.Error(err)
 		}
 	})
@@ -355,7 +354,7 @@ func TestPurgeRootIsMountPoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := mappedparent.UnmountAll(root); err != nil {
+		if _, err := mountgroup.UnmountAll(root); err != nil {
 			t.Error(err)
 		}
 	})
@@ -437,7 +436,7 @@ func TestPurgeWithMappedParentsMounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := snapshots.WithLabels(map[string]string{idmap.UIDLabel: "0:100000:65536", idmap.GIDLabel: "0:100000:65536"})
+	labels := snapshots.WithLabels(map[string]string{mountgroup.UIDLabel: "0:100000:65536", mountgroup.GIDLabel: "0:100000:65536"})
 	if _, err := sn.Prepare(context.Background(), "remapped", "layer2", labels); err != nil {
 		t.Fatal(err)
 	}

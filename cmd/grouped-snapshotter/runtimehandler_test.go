@@ -1,4 +1,4 @@
-package crihandler
+package main
 
 import (
 	"os"
@@ -15,7 +15,7 @@ import (
 func containerdBins(t *testing.T) map[string]string {
 	tools := os.Getenv("GS_TOOLS_BIN")
 	if tools == "" {
-		tools = filepath.Join("..", ".tools", "bin")
+		tools = filepath.Join("..", "..", ".tools", "bin")
 	}
 	bins := map[string]string{
 		"v2.4.2": filepath.Join(tools, "containerd"),
@@ -72,7 +72,7 @@ imports = ["` + filepath.Join(dir, "conf.d", "*.toml") + `"]
 				t.Fatal(err)
 			}
 			before := dump(t, containerd, config)
-			out, err := Render(before, "grouped", "grouped")
+			out, err := renderRuntimeHandler(before, "grouped", "grouped")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +109,7 @@ imports = ["` + filepath.Join(dir, "conf.d", "*.toml") + `"]
 				t.Errorf("the default handler has only %d settings besides its snapshotter: %v", n, runc)
 			}
 			// An install run again on the node, whose dump now has the handler.
-			again, err := Render(after, "grouped", "grouped")
+			again, err := renderRuntimeHandler(after, "grouped", "grouped")
 			if err != nil || string(again) != string(out) {
 				t.Errorf("rendering again: %v, same output %v", err, string(again) == string(out))
 			}
@@ -149,9 +149,9 @@ func TestRenderRefuses(t *testing.T) {
 		{strings.Replace(cfg, `"runc"`, `"crun"`, 1), "grouped", errdefs.IsFailedPrecondition, `no runtime handler "crun"`},
 		{`version = [`, "grouped", func(error) bool { return true }, "parse containerd's configuration"},
 	} {
-		_, err := Render([]byte(c.dump), c.name, "grouped")
+		_, err := renderRuntimeHandler([]byte(c.dump), c.name, "grouped")
 		if err == nil || !c.kind(err) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("Render(%q, %q) = %v, want an error of its kind naming %q", c.dump[:min(len(c.dump), 20)], c.name, err, c.want)
+			t.Errorf("renderRuntimeHandler(%q, %q) = %v, want an error of its kind naming %q", c.dump[:min(len(c.dump), 20)], c.name, err, c.want)
 		}
 	}
 }

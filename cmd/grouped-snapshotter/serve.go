@@ -102,8 +102,9 @@ type daemonAdmin struct {
 func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
 	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
 }
-func (a daemonAdmin) MappedParents(ctx context.Context) ([]snapshot.MappedParent, error) {
-	return a.sn.MappedParents(ctx)
+func (a daemonAdmin) MappedParents(ctx context.Context) (any, error) {
+	ps, err := a.sn.MappedParents(ctx)
+	return ps, err
 }
 func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
 func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
