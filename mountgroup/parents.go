@@ -96,35 +96,21 @@ func (p *Parents) Mount(name string, m *Mapping) error {
 }
 
 // MountIDMapped mounts a read-only idmapped mount of src with mapping m at
-// target (mappedAttrs, private propagation), counting its syscalls, failed
-// ones included, in calls unless it is nil. The user namespace comes from
-// containerd's mount.GetUsernsFD, as in containerd's shim. Unlike
-// containerd's mount.IDMapMountWithAttrs the clone is not recursive:
-// nothing is mounted under the layer parent, and a recursive idmap would
-// fail if something were.
+// target (mappedAttrs, private propagation) with containerd's
+// mount.IDMapMountWithAttrs, counting its three syscalls in calls unless it
+// is nil. The user namespace comes from containerd's mount.GetUsernsFD, as
+// in containerd's shim.
 func MountIDMapped(src, target string, m *Mapping, calls *atomic.Uint64) error {
-	if calls == nil {
-		calls = new(atomic.Uint64)
-	}
 	ns, err := mount.GetUsernsFD(m.UIDLabelValue(), m.GIDLabelValue())
 	if err != nil {
 		return fmt.Errorf("user namespace of %s: %w", m, err)
 	}
 	defer ns.Close()
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	calls.Add(1)
-	if err != nil {
-		return fmt.Errorf("open_tree %q: %w", src, err)
+	if calls != nil {
+		calls.Add(3) // open_tree, mount_setattr, move_mount
 	}
-	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: mappedAttrs, Userns_fd: uint64(ns.Fd()), Propagation: unix.MS_PRIVATE}
-	calls.Add(1)
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("mount_setattr MOUNT_ATTR_IDMAP of %q: %w", src, err)
-	}
-	calls.Add(1)
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move_mount to %q: %w", target, err)
+	if err := mount.IDMapMountWithAttrs(src, target, int(ns.Fd()), mappedAttrs&^unix.MOUNT_ATTR_IDMAP, 0); err != nil {
+		return fmt.Errorf("idmapped mount of %q at %q: %w", src, target, err)
 	}
 	return nil
 }
@@ -157,7 +143,8 @@ func (p *Parents) Unmount(name string) error {
 }
 
 // UnmountAll unmounts every mount at or under dir, deepest first, and
-// returns their mount points: mapped parents and the mapped-parents
+// returns their mount points (containerd's mount.UnmountRecursive says
+// neither what it unmounted nor, but for the last, what it failed to): mapped parents and the mapped-parents
 // directory's own bind mount, or everything under a root being purged.
 // Running containers keep working: their overlays hold their own
 // references to the layers.
