@@ -28,6 +28,9 @@ const maxSocketPath = 107
 // Listen creates the unix socket at address, mode 0600, in a directory it
 // creates with mode 0700. A socket left by a process that died is replaced;
 // one that still answers is an error, as is any other file at address.
+// containerd's sys.GetLocalListener is not used: it unlinks whatever is at
+// the path, so a second daemon started by mistake would take the socket of
+// the one serving containerd, and it makes the socket 0660.
 func Listen(address string) (net.Listener, error) {
 	if !filepath.IsAbs(address) {
 		return nil, fmt.Errorf("socket address %q must be an absolute path: %w", address, errdefs.ErrInvalidArgument)
