@@ -179,6 +179,8 @@ type firstPodCell struct {
 	own, image       []int64
 	pullMS           []float64
 	blobsKept        []int
+	appliedFirst     []int
+	appliedNext      []int
 	failures         []string
 	pairs, failPairs int
 }
@@ -192,6 +194,8 @@ func (c *firstPodCell) add(p firstPodPair) {
 		return
 	}
 	c.pullMS = append(c.pullMS, p.pullMS)
+	c.appliedFirst = append(c.appliedFirst, p.appliedFirst)
+	c.appliedNext = append(c.appliedNext, p.appliedNext)
 	c.blobsKept = append(c.blobsKept, p.blobsKept)
 	c.row.FirstMS = append(c.row.FirstMS, p.firstMS)
 	c.row.NextMS = append(c.row.NextMS, p.nextMS)
@@ -647,8 +651,8 @@ func (st *firstPodStage) run(ctx context.Context, cfg FirstPodConfig) error {
 			discard = ", discard_unpacked_layers = true"
 		}
 		if len(c.pullMS) > 0 {
-			st.note(fmt.Sprintf("containerd %s, %s, %s%s: crictl pull %.0f ms (median); layer blobs in the content store after the pull: %v of %d.",
-				st.version, r.Image, r.Contender, discard, Summarize(c.pullMS).Median, c.blobsKept, len(img.layers)))
+			st.note(fmt.Sprintf("containerd %s, %s, %s%s: crictl pull %.0f ms (median); layer blobs in the content store after the pull: %v of %d; layers containerd applied while pod 1 started (CRI's unpack at creation), per pair: %v, while pod 2 started: %v.",
+				st.version, r.Image, r.Contender, discard, Summarize(c.pullMS).Median, c.blobsKept, len(img.layers), c.appliedFirst, c.appliedNext))
 		}
 		if len(c.failures) > 0 {
 			st.note(fmt.Sprintf("containerd %s, %s, %s%s: %d of %d pairs failed: %s", st.version, r.Image, r.Contender, discard, c.failPairs, c.pairs, strings.Join(c.failures, " / ")))
@@ -673,14 +677,19 @@ type firstPodPair struct {
 	// blobsKept are the image's layer blobs in the content store after
 	// the pull.
 	blobsKept int
-	err       error
+	// appliedFirst and appliedNext are the layers containerd applied
+	// (its log's "diff applied") while pod 1 and pod 2 started: CRI's
+	// unpack at creation, when the image was not unpacked in the pod's
+	// snapshotter.
+	appliedFirst, appliedNext int
+	err                       error
 }
 
 func (p firstPodPair) String() string {
 	if p.err != nil {
 		return "FAILED: " + p.err.Error()
 	}
-	return fmt.Sprintf("pull %.0f ms, first %.0f ms, next %.0f ms (%.2fx); image %d bytes, grouped's own %d; %d layer blobs kept", p.pullMS, p.firstMS, p.nextMS, p.firstMS/p.nextMS, p.imageBytes, p.ownBytes, p.blobsKept)
+	return fmt.Sprintf("pull %.0f ms, first %.0f ms, next %.0f ms (%.2fx); image %d bytes, grouped's own %d; %d layer blobs kept; layers applied at creation: pod 1 %d, pod 2 %d", p.pullMS, p.firstMS, p.nextMS, p.firstMS/p.nextMS, p.imageBytes, p.ownBytes, p.blobsKept, p.appliedFirst, p.appliedNext)
 }
 
 // pair measures one pair of contender c with img.
@@ -723,8 +732,11 @@ func (st *firstPodStage) pair(ctx context.Context, c firstPodContender, img *fir
 		}
 		p.ownBytes, p.imageBytes = ownBytes(both0, ovl0, both1, ovl1), ovl1-ovl0
 	}()
+	applied := []*int{&p.appliedFirst, &p.appliedNext}
 	for i, out := range []*float64{&p.firstMS, &p.nextMS} {
+		log0 := fileSize(st.env.Containerd.LogPath)
 		d, pod, err := st.startPod(ctx, c, img)
+		*applied[i] = countSince(st.env.Containerd.LogPath, log0, `msg="diff applied"`)
 		if pod != "" {
 			pods = append(pods, pod)
 		}
@@ -735,6 +747,32 @@ func (st *firstPodStage) pair(ctx context.Context, c firstPodContender, img *fir
 		*out = durMS(d)
 	}
 	return p
+}
+
+// fileSize is path's size (0 if it cannot be read).
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// countSince counts the lines holding pattern in path after offset.
+func countSince(path string, offset int64, pattern string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, 0); err != nil {
+		return -1
+	}
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(f); err != nil {
+		return -1
+	}
+	return strings.Count(buf.String(), pattern)
 }
 
 func durMS(d time.Duration) float64 { return math.Round(float64(d.Microseconds())/100) / 10 }

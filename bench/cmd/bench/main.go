@@ -412,7 +412,7 @@ func runFirstPod(out string, cfg bench.FirstPodConfig) error {
 		return errors.Join(runErr, err)
 	}
 	if runErr != nil {
-		return fmt.Errorf("first pod failed after %s (partial results in %s-partial.json): %w", time.Since(t0).Round(time.Second), name, runErr)
+		return fmt.Errorf("first pod failed after %s (partial results in %s.json): %w", time.Since(t0).Round(time.Second), name, runErr)
 	}
 	fmt.Fprintf(os.Stderr, "bench: first pod done in %s\n", time.Since(t0).Round(time.Second))
 	return nil
