@@ -307,9 +307,9 @@ func (w *WholeCost) cost(version, mode string) wcModeCost {
 			}
 			text := fmt.Sprintf("a container's writable layer %d bytes (%s) of %s written", r.CRIBytes, fs, wcMiB(r.WrittenBytes))
 			if r.Evicted {
-				text += fmt.Sprintf("; %s evicted after %.1f s", r.Watched, r.EvictedAfterSeconds)
+				text += fmt.Sprintf("; %s: evicted after %.1f s", r.Watched, r.EvictedAfterSeconds)
 			} else {
-				text += fmt.Sprintf("; **evicts no pod on the node while one runs**: %s not evicted in %.1f s, evicted %.1f s after the pod on grouped went", r.Watched, r.WaitedSeconds, r.EvictedAfterSeconds)
+				text += fmt.Sprintf("; **evicts no pod on the node while one runs**: %s: not evicted in %.1f s, evicted %.1f s after the pod on grouped went", r.Watched, r.WaitedSeconds, r.EvictedAfterSeconds)
 			}
 			c.kubelet = wcCell{text: text, file: results.KubeletStatsFile}
 		}
