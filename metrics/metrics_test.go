@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -33,7 +34,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := errors.Join(sn.Close(), sn.UnmountMappedParents()); err != nil {
+		if err := errors.Join(sn.Close(), unmountMappedParents(sn)); err != nil {
 			t.Error(err)
 		}
 	})
@@ -173,4 +174,11 @@ func TestMetrics(t *testing.T) {
 	if _, err := value("grouped_snapshotter_operation_errors_total", map[string]string{"operation": "prepare"}); err == nil {
 		t.Error("prepare has an error series, but no prepare failed")
 	}
+}
+
+// unmountMappedParents unmounts what sn left under its root's v/ (the
+// mapped-parents directory's own bind mount and any mapped parent).
+func unmountMappedParents(sn *snapshot.Snapshotter) error {
+	_, err := mountgroup.UnmountAll(filepath.Join(sn.Root(), "v"))
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
@@ -41,7 +42,7 @@ func serveOnSocket(t testing.TB, root string) (snapshots.Snapshotter, func() err
 	return client, func() error {
 		conn.Close()
 		Shutdown(context.Background(), srv, 0)
-		return errors.Join(sn.Close(), sn.UnmountMappedParents())
+		return errors.Join(sn.Close(), unmountMappedParents(sn))
 	}
 }
 
@@ -120,4 +121,11 @@ func TestListenBadAddress(t *testing.T) {
 			t.Errorf("Listen(%q): got %v, want invalid argument", addr, err)
 		}
 	}
+}
+
+// unmountMappedParents unmounts what sn left under its root's v/ (the
+// mapped-parents directory's own bind mount and any mapped parent).
+func unmountMappedParents(sn *snapshot.Snapshotter) error {
+	_, err := mountgroup.UnmountAll(filepath.Join(sn.Root(), "v"))
+	return err
 }

@@ -218,8 +218,6 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 // Root returns the snapshotter's root directory.
 func (s *Snapshotter) Root() string { return s.root }
 
-// LayersDir returns the shared parent directory of every layer.
-func (s *Snapshotter) LayersDir() string { return filepath.Join(s.root, layersDir) }
 
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
@@ -1046,12 +1044,4 @@ func (s *Snapshotter) orphans(ctx context.Context) ([]string, error) {
 	}
 	s.removals.forget(func(p string) bool { return listed[p] })
 	return orphans, nil
-}
-
-// UnmountMappedParents unmounts every mapped parent and the mapped-parents
-// directory, for uninstalling and tests. Call it after Close; running
-// containers keep working.
-func (s *Snapshotter) UnmountMappedParents() error {
-	_, err := mountgroup.UnmountAll(filepath.Join(s.root, mappedDir))
-	return err
 }
