@@ -104,7 +104,7 @@ func startMountgroupEnv(t *testing.T, version string) *harness.Env {
 func startViewEnv(t *testing.T, opts harness.Options) *harness.Env {
 	t.Helper()
 	version := opts.Containerd
-	opts.IDMap = "view"
+	opts.IDMap = "mapped"
 	opts.Logf = func(format string, args ...any) {
 		if testing.Verbose() {
 			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)

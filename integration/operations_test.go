@@ -28,7 +28,7 @@ func TestOperations(t *testing.T) {
 	}
 	ctx := context.Background()
 	// Mapped parents, which mode auto makes on containerd before 2.3 only.
-	env, err := harness.Start(ctx, harness.Options{IDMap: "view"})
+	env, err := harness.Start(ctx, harness.Options{IDMap: "mapped"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func record(r *results.CompatRelease) {
 }
 
 // TestCompat runs the matrix on every release, oldest first, one Env (CRI
-// on, grouped in view mode) per release.
+// on, grouped in mapped mode) per release.
 func TestCompat(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestCompat needs root (it runs containerd and runc, mounts overlays and traces syscalls): run `sudo go test ./integration/compat/`")
@@ -92,12 +92,12 @@ func outcome(passed bool) string {
 }
 
 // startEnv starts an Env of opts (a conformance.ReleaseOptions or
-// ParallelOptions) for t with grouped in view mode, and closes it when t
+// ParallelOptions) for t with grouped in mapped mode, and closes it when t
 // ends; Close must leave no mount behind.
 func startEnv(t *testing.T, opts harness.Options) *harness.Env {
 	t.Helper()
 	version := opts.Containerd
-	opts.IDMap = "view"
+	opts.IDMap = "mapped"
 	opts.Logf = func(format string, args ...any) {
 		if testing.Verbose() {
 			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)

@@ -21,7 +21,7 @@ import (
 // The user-namespace tests follow the pods' mapped parents, which mode auto
 // makes on containerd before 2.3 only: mode view makes them on v2.4.2 too.
 // The default mode's CRI paths are the conformance tests'.
-var shared = harness.SharedEnv{Options: harness.Options{CRI: true, IDMap: "view"}, Tests: "CRI integration tests"}
+var shared = harness.SharedEnv{Options: harness.Options{CRI: true, IDMap: "mapped"}, Tests: "CRI integration tests"}
 
 func TestMain(m *testing.M) {
 	code := shared.Close(m.Run())

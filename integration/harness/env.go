@@ -42,7 +42,7 @@ type Options struct {
 	// Containerd is the containerd release to run, one of
 	// ContainerdVersions; default ContainerdV2_4.
 	Containerd string
-	// IDMap is the grouped-snapshotter daemon's idmap mode, "auto", "view"
+	// IDMap is the grouped-snapshotter daemon's idmap mode, "auto", "mapped"
 	// or "shim"; empty keeps the daemon's default (auto).
 	IDMap string
 	// CRI enables containerd's CRI plugin, with a CNI network and sandbox

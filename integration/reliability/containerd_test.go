@@ -18,7 +18,7 @@ var idCount atomic.Int64
 // of this package, closed by TestMain.
 // The crash tests follow mapped parents, which mode auto makes on containerd
 // before 2.3 only: mode view makes them on v2.4.2 too.
-var shared = harness.SharedEnv{Options: harness.Options{IDMap: "view"}, Tests: "reliability tests"}
+var shared = harness.SharedEnv{Options: harness.Options{IDMap: "mapped"}, Tests: "reliability tests"}
 
 func testEnv(t *testing.T) *harness.Env {
 	t.Helper()

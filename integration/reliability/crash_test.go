@@ -150,7 +150,7 @@ func TestCrashConsistency(t *testing.T) {
 		return
 	}
 	c.removeAll(t)
-	t.Logf("crash consistency: seed %d: %d kills survived, %d operations completed, %d orphans cleaned at restart, %d planted orphans removed by Cleanup, %d stale views removed, %d leaks found (checked %d snapshot contents and %d remapped snapshots' views after restarts)",
+	t.Logf("crash consistency: seed %d: %d kills survived, %d operations completed, %d orphans cleaned at restart, %d planted orphans removed by Cleanup, %d stale mapped parents removed, %d leaks found (checked %d snapshot contents and %d remapped snapshots' views after restarts)",
 		seed, survived, c.ops.Load(), c.orphansAtStart, c.plantedCleaned, c.staleViews, c.leaks, c.contentsVerified, c.viewsVerified)
 	inOp, reach := c.model.summary(survived)
 	t.Logf("crash model: %d acknowledged writes held across every kill; %s (%d awaited a reply as SIGKILL was sent); of the writes cut short %d happened and %d did not, each wholly; of %d failed while the daemon was dying, %d happened",

@@ -67,7 +67,7 @@ func TestStartupReconciliation(t *testing.T) {
 		}
 	}
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Errorf("start left the stale view %s (%v)", stale, err)
+		t.Errorf("start left the stale mapped parent %s (%v)", stale, err)
 	}
 	for _, want := range []string{"removed a mapped parent no snapshot uses", stale, "start-up repair done", "orphans=3", "mapped_parents_removed=1"} {
 		if !strings.Contains(logged, want) {
@@ -106,5 +106,5 @@ func TestStartupReconciliation(t *testing.T) {
 	if !strings.Contains(strings.Join(m[0].Options, ","), liveView+"/") {
 		t.Errorf("Mounts of the live snapshot does not read through its view %s: %v", liveView, m[0].Options)
 	}
-	t.Logf("start removed %d orphaned directories and 1 stale view, and mounted the live snapshot's view again", len(leftovers))
+	t.Logf("start removed %d orphaned directories and 1 stale mapped parent, and mounted the live snapshot's mapped parent again", len(leftovers))
 }

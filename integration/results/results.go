@@ -172,7 +172,7 @@ func Read(path string, v any) error {
 // rowLabel is a row's label in the README's table.
 func rowLabel(r MountSyscallRow) string {
 	if r.Snapshotter == "grouped" {
-		// The table measures mapped parents (idmap "view"), which the default
+		// The table measures mapped parents (idmap "mapped"), which the default
 		// mode (auto) makes on containerd before 2.3 only.
 		return "grouped-snapshotter (mapped parent), containerd " + r.Containerd
 	}
