@@ -22,7 +22,7 @@ build:
 tools:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
 
-# Only what the demo runs: containerd v2.4.2, runc and crane.
+# Only what the demo runs: containerd v2.4.2 and v2.0.5, runc and crane.
 tools-demo:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh demo
 

@@ -5,7 +5,8 @@
 #
 #   hack/install-tools.sh        everything make test needs (the default)
 #   hack/install-tools.sh demo   only what make demo runs: containerd v2.4.2
-#                                (containerd, ctr, the runc shim), runc, crane
+#                                and v2.0.5 (containerd, ctr, the runc shim),
+#                                runc, crane
 set -euo pipefail
 
 SET=${1:-all}
@@ -54,18 +55,6 @@ build containerd "$CONTAINERD_VERSION" no_btrfs \
 	"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
 build runc "$RUNC_VERSION" seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
 build crane "$CRANE_VERSION" "" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
-if [ "$SET" = demo ]; then
-	echo "install-tools: demo tools in $BIN"
-	exit 0
-fi
-# Static: it runs in the DaemonSet's busybox image, which has no libc.
-CGO=0 build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62} static" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
-build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-GOBIN_SUB=cni build cni "$CNI_VERSION" "" \
-	"github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION" \
-	"github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION" \
-	"github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_VERSION"
-
 # build_module NAME MODULE VERSION OUTDIR TAGS PKG... builds from a copy of a
 # module whose go.mod `go install` refuses (exclude or replace directives).
 build_module() {
@@ -89,9 +78,23 @@ build_module() {
 	echo "$version" >"$TOOLS_DIR/stamps/$name"
 }
 
+# The demo shows the mount calls of a user-namespaced start on v2.0.5 too.
 build_module containerd-old github.com/containerd/containerd/v2 "$CONTAINERD_OLD_VERSION" \
 	"$TOOLS_DIR/containerd-$CONTAINERD_OLD_VERSION/bin" no_btrfs \
 	./cmd/containerd ./cmd/ctr ./cmd/containerd-shim-runc-v2
+
+if [ "$SET" = demo ]; then
+	echo "install-tools: demo tools in $BIN"
+	exit 0
+fi
+# Static: it runs in the DaemonSet's busybox image, which has no libc.
+CGO=0 build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62} static" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
+build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+GOBIN_SUB=cni build cni "$CNI_VERSION" "" \
+	"github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION" \
+	"github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION" \
+	"github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_VERSION"
+
 
 # The compatibility matrix (integration/compat) runs every containerd 2.x
 # minor release; each goes to $TOOLS_DIR/containerd-<version>/bin. v2.1.4 is

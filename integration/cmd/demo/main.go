@@ -2,7 +2,11 @@
 // it starts a local registry, the snapshotter daemon and a private
 // containerd, pulls a 50-layer image with --snapshotter grouped, runs a
 // container from it, shows that the container's rootfs is a single overlay
-// mount, lists the snapshots and removes everything again (also on Ctrl-C).
+// mount, lists the snapshots, runs user-namespaced containers, then counts
+// the mount-family syscalls of a user-namespaced start with grouped beside
+// containerd's own overlayfs, on containerd v2.0.5 (where the shim idmaps
+// every layer, the case grouped is for) and v2.4.2, and removes everything
+// again (also on Ctrl-C).
 //
 // Run it as root from the repository, after hack/install-tools.sh:
 //
@@ -47,7 +51,7 @@ func run(ctx context.Context, snapshotter string, layers int, verbose bool) (err
 		return fmt.Errorf("-layers %d: want 3 to 500", layers)
 	}
 	fmt.Printf("grouped-snapshotter demo: a %d-layer image under a private containerd, snapshotter %q\n", layers, snapshotter)
-	d := &demo{steps: 7}
+	d := &demo{steps: 8}
 
 	d.step("Starting a local registry, the snapshotter daemon and a private containerd")
 	logf := func(string, ...any) {}
@@ -156,7 +160,59 @@ func run(ctx context.Context, snapshotter string, layers int, verbose bool) (err
 		return err
 	}
 	d.done()
-	return d.usernsStep(ctx, env, ref, snapshotter, id)
+	if err := d.usernsStep(ctx, env, ref, snapshotter, id); err != nil {
+		return err
+	}
+	return d.syscallsStep(ctx, env, spec, id, logf)
+}
+
+// syscallsStep counts the mount-family syscalls of user-namespaced starts
+// (containerd, its shim, ctr and the snapshotter daemon; runc's own are
+// the same for both) with grouped and with containerd's overlayfs on one
+// containerd, for v2.0.5 in an environment of its own and for env's.
+func (d *demo) syscallsStep(ctx context.Context, env *harness.Env, spec harness.ImageSpec, id string, logf func(string, ...any)) error {
+	d.step("Counting the mount-family syscalls of user-namespaced starts, grouped beside containerd's overlayfs")
+	old, err := harness.Start(ctx, harness.Options{Containerd: harness.ContainerdV2_0, Namespace: fmt.Sprintf("gs-demo-old-%d", os.Getpid()), Logf: logf})
+	if err != nil {
+		return err
+	}
+	defer old.Close()
+	if env.Snapshotter == nil { // the demo ran with overlayfs
+		if env, err = harness.Start(ctx, harness.Options{Namespace: fmt.Sprintf("gs-demo-new-%d", os.Getpid()), Logf: logf}); err != nil {
+			return err
+		}
+		defer env.Close()
+	}
+	remap := []string{"--remap-labels", "--uidmap", "0:200000:65536", "--gidmap", "0:200000:65536"}
+	d.say("%-8s %-24s %s", "", "", "mount-family syscalls of one start")
+	for _, e := range []*harness.Env{old, env} {
+		ref, err := e.Registry.Image(ctx, spec)
+		if err != nil {
+			return err
+		}
+		for _, sn := range []string{harness.SnapshotterGrouped, harness.SnapshotterOverlayfs} {
+			if err := e.PullLocal(ctx, ref, sn); err != nil {
+				return err
+			}
+			c, err := e.TraceRun(ctx, sn, ref, fmt.Sprintf("%s-trace-%s", id, sn), remap)
+			if err == nil {
+				err = c.Err
+			}
+			if err != nil {
+				return fmt.Errorf("traced start on %s with %s: %w", e.ContainerdVersion, sn, err)
+			}
+			name := "grouped-snapshotter"
+			if sn == harness.SnapshotterOverlayfs {
+				name = "containerd's overlayfs"
+			}
+			d.say("%-8s %-24s %d", e.ContainerdVersion, name, c.Snapshot.Settled().Total())
+		}
+	}
+	d.say("(containerd, its shim, ctr and the snapshotter, for a %d-layer image in a new user namespace; runc's own are alike)", spec.Layers)
+	d.say("grouped: the overlay, and one idmapped mount of the layer parent for the mapping; containerd %s's shim:", harness.ContainerdV2_0)
+	d.say("an idmapped mount of every layer at every start; %s's: one of the layer parent per start", env.ContainerdVersion)
+	d.done()
+	return nil
 }
 
 // usernsStep starts two user-namespaced containers with one mapping, as
@@ -210,11 +266,12 @@ func (d *demo) usernsStep(ctx context.Context, env *harness.Env, ref, snapshotte
 		if err != nil {
 			return err
 		}
-		// The first mount is v/ itself (a private bind); the rest are views.
+		// The first mount is v/ itself (a private bind); the rest are
+		// mapped parents.
 		if n := len(views) - 1; n > 0 {
-			d.say("mapped parents (idmapped views) under %s/v: %d, shared by both containers", env.Snapshotter.Root, n)
+			d.say("mapped parents (idmapped mounts of the layer parent) under %s/v: %d, shared by both containers", env.Snapshotter.Root, n)
 		} else {
-			d.say("no mapped parent: containerd %s diffs the shim's uidmap= shape correctly, so grouped's default (idmap = \"auto\") lets its shim idmap the layer parent once per start; on containerd before 2.3, or with idmap = \"view\", both containers share one mapped parent", env.ContainerdVersion)
+			d.say("no mapped parent: containerd %s diffs the shim's uidmap= shape correctly, so grouped's default (idmap = \"auto\") lets its shim idmap the layer parent once per start; on containerd before 2.3, or with idmap = \"mapped\", both containers share one mapped parent", env.ContainerdVersion)
 		}
 	}
 	d.done()
