@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -57,9 +58,16 @@ type Borrower struct {
 	// Borrowed, if set, is told of every layer made.
 	Borrowed func(namespace string, linked, copied int64)
 
-	// leased is the lease made last in each namespace (Run's goroutine
-	// only).
-	leased map[string]string
+	// What follows is Run's goroutine's own. leased is the lease made last
+	// in each namespace. actives holds the directory of each active
+	// snapshot From prepared for an unpack (learned from its Mounts while
+	// the layer is applied), layers that of each layer committed from one,
+	// so that borrowing a layer needs no view of From. released holds, per
+	// namespace, the layers whose image now keeps them, to take out of the
+	// leases once containerd is quiet.
+	leased          map[string]string
+	actives, layers map[string]string
+	released        map[string][]digest.Digest
 }
 
 // leaseLife is how long a borrowed layer stays without an image naming it
@@ -112,11 +120,17 @@ func (b *Borrower) session(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/commit"`, `topic=="/images/create"`, `topic=="/images/update"`)
+	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/prepare"`, `topic=="/snapshot/commit"`, `topic=="/images/create"`, `topic=="/images/update"`)
 	log.G(ctx).WithField("from", b.From).WithField("to", to).Info("borrow: keeping the snapshotter in step with " + b.From)
 	if err := b.scan(ctx, c, to); err != nil {
 		return err
 	}
+	// Releasing a layer from the leases is a write to containerd's
+	// database per layer: it waits until no event came for quiet, so that
+	// it does not slow the pods that start right after a pull.
+	const quiet = 2 * time.Second
+	release := time.NewTimer(quiet)
+	defer release.Stop()
 	for {
 		var batch []*events.Envelope
 		select {
@@ -124,6 +138,11 @@ func (b *Borrower) session(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-errs:
 			return fmt.Errorf("containerd's events: %w", err)
+		case <-release.C:
+			if err := b.releaseLayers(ctx, c, to); err != nil {
+				return err
+			}
+			continue
 		case env := <-evs:
 			batch = append(batch, env)
 		}
@@ -142,7 +161,22 @@ func (b *Borrower) session(ctx context.Context) error {
 		if err := b.handle(ctx, c, to, batch); err != nil {
 			return err
 		}
+		release.Reset(quiet)
 	}
+}
+
+// releaseLayers takes the layers of released out of the borrower's leases.
+func (b *Borrower) releaseLayers(ctx context.Context, c *client.Client, to string) error {
+	for ns, chain := range b.released {
+		err := b.do(ctx, c, ns, to, func(ctx context.Context, r *run) error { return r.release(ctx, chain) })
+		if errdefs.IsUnavailable(err) {
+			return err
+		} else if err != nil {
+			log.G(ctx).WithError(err).WithField("namespace", ns).Warn("borrow: layers stay in the borrower's lease until it expires")
+		}
+		delete(b.released, ns)
+	}
+	return nil
 }
 
 // handle does the work of a batch of events: commits newest first, then
@@ -154,6 +188,39 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 	}
 	var commits, imgs []job
 	seen := map[string]bool{}
+	if b.actives == nil || len(b.actives)+len(b.layers) > 10000 {
+		b.actives, b.layers = map[string]string{}, map[string]string{} // unpacks that never committed
+	}
+	committed := map[string]bool{}
+	for _, env := range batch {
+		if ev, err := typeurl.UnmarshalAny(env.Event); err == nil {
+			if e, ok := ev.(*eventstypes.SnapshotCommit); ok && e.Snapshotter == b.From {
+				committed[env.Namespace+"\x00"+e.Key] = true
+			}
+		}
+	}
+	for _, env := range batch {
+		ev, err := typeurl.UnmarshalAny(env.Event)
+		if err != nil {
+			continue
+		}
+		switch e := ev.(type) {
+		case *eventstypes.SnapshotPrepare:
+			key := env.Namespace + "\x00" + e.Key
+			if e.Snapshotter == b.From && strings.HasPrefix(e.Key, "extract-") && !committed[key] {
+				mounts, err := c.SnapshotService(b.From).Mounts(namespaces.WithNamespace(ctx, env.Namespace), e.Key)
+				if dir, _, derr := mountDirs(mounts); err == nil && derr == nil && dir != "" {
+					b.actives[key] = dir
+				}
+			}
+		case *eventstypes.SnapshotCommit:
+			key := env.Namespace + "\x00" + e.Key
+			if dir, ok := b.actives[key]; ok && e.Snapshotter == b.From {
+				b.layers[env.Namespace+"\x00"+e.Name] = dir
+				delete(b.actives, key)
+			}
+		}
+	}
 	for i := len(batch) - 1; i >= 0; i-- {
 		env := batch[i]
 		ev, err := typeurl.UnmarshalAny(env.Event)
@@ -256,10 +323,21 @@ func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work
 	}
 	r := &run{opts: Options{Namespace: ns, From: b.From, To: to, Platform: platforms.Default()},
 		from: c.SnapshotService(b.From), to: c.SnapshotService(to), cs: c.ContentStore(), is: c.ImageService(),
-		leases: c.LeasesService(), sum: &Summary{}, retryStale: true}
+		leases: c.LeasesService(), sum: &Summary{}, retryStale: true,
+		layerDir: func(chainID string) string {
+			dir := b.layers[ns+"\x00"+chainID]
+			delete(b.layers, ns+"\x00"+chainID)
+			return dir
+		}}
 	err := work(leases.WithLease(ctx, id), r)
 	if err != nil {
 		delete(b.leased, ns) // in case the lease went
+	}
+	if len(r.kept) > 0 {
+		if b.released == nil {
+			b.released = map[string][]digest.Digest{}
+		}
+		b.released[ns] = append(b.released[ns], r.kept...)
 	}
 	if r.sum.Layers > 0 {
 		log.G(ctx).WithField("namespace", ns).WithField("layers", r.sum.Layers).WithField("linked_bytes", r.sum.BytesLinked).
@@ -298,23 +376,20 @@ func (r *run) borrowChain(ctx context.Context, name string) (int, error) {
 	if len(missing) == 0 {
 		return depth, nil
 	}
-	// One view of the top lists every layer's directory, top first.
-	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), digest.Digest(name).Encoded())
-	mounts, err := r.from.View(ctx, key, name)
-	if err != nil {
-		return 0, fmt.Errorf("view %s in %s: %w", name, r.opts.From, err)
-	}
-	defer func() {
-		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("key", key).Warn("borrow: failed to remove the temporary view")
+	dirs := make([]string, len(missing))
+	known := true
+	for i, info := range missing {
+		if r.layerDir != nil {
+			dirs[i] = r.layerDir(info.Name)
 		}
-	}()
-	_, dirs, err := mountDirs(mounts)
-	if err == nil && len(dirs) < len(missing) {
-		err = fmt.Errorf("%d layer directories for %d layers: %w", len(dirs), len(missing), errdefs.ErrFailedPrecondition)
+		known = known && dirs[i] != ""
 	}
-	if err != nil {
-		return 0, fmt.Errorf("view of %s in %s: %w", name, r.opts.From, err)
+	if !known {
+		log.G(ctx).WithField("layers", len(missing)).Debug("borrow: layer directories from a view")
+		var err error
+		if dirs, err = r.viewDirs(ctx, name, len(missing)); err != nil {
+			return 0, err
+		}
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
 		info := missing[i]
@@ -331,6 +406,29 @@ func (r *run) borrowChain(ctx context.Context, name string) (int, error) {
 		}
 	}
 	return depth, nil
+}
+
+// viewDirs returns the directories of the n top layers of the chain name
+// in From, top first, from one temporary view of it.
+func (r *run) viewDirs(ctx context.Context, name string, n int) ([]string, error) {
+	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), digest.Digest(name).Encoded())
+	mounts, err := r.from.View(ctx, key, name)
+	if err != nil {
+		return nil, fmt.Errorf("view %s in %s: %w", name, r.opts.From, err)
+	}
+	defer func() {
+		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("key", key).Warn("borrow: failed to remove the temporary view")
+		}
+	}()
+	_, dirs, err := mountDirs(mounts)
+	if err == nil && len(dirs) < n {
+		err = fmt.Errorf("%d layer directories for %d layers: %w", len(dirs), n, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("view of %s in %s: %w", name, r.opts.From, err)
+	}
+	return dirs[:n], nil
 }
 
 // borrowImage makes in To the layers of the image called name that From
@@ -385,7 +483,8 @@ func (r *run) borrowImage(ctx context.Context, name string) error {
 			return fmt.Errorf("image %s: label config %s %s=%s: %w", name, mf.Config.Digest, label, top, err)
 		}
 	}
-	return r.release(ctx, chain[:have])
+	r.kept = append(r.kept, chain[:have]...)
+	return nil
 }
 
 // release takes chain's layers out of the borrower's leases: the image's

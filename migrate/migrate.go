@@ -34,6 +34,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/opencontainers/go-digest"
 )
 
 const (
@@ -83,6 +84,11 @@ type run struct {
 	// takes a layer committed meanwhile by someone else as made.
 	retryStale bool
 	leases     leases.Manager // a Borrower's
+	// layerDir, if set, knows the directory of a layer of From by its
+	// chain ID ("" if not); kept collects the layers an image's config now
+	// keeps (a Borrower's).
+	layerDir func(chainID string) string
+	kept     []digest.Digest
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.

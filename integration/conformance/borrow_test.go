@@ -174,25 +174,39 @@ func TestBorrow(t *testing.T) {
 			}
 
 			for _, r := range []string{ref, ref2} {
-				if err := criRemove(ctx, env, r); err != nil {
+				if _, err := env.CRI.Crictl(ctx, "rmi", r); err != nil {
 					t.Fatal(err)
 				}
 			}
+			// The borrower lets its leases go of what an image keeps once
+			// containerd is quiet for a moment: collections then free the
+			// layers.
 			pause, err := imageChains(ctx, cl)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var left []string
-			if err := cl.SnapshotService(harness.SnapshotterGrouped).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-				if info.Kind == snapshots.KindCommitted && !pause[info.Name] {
-					left = append(left, info.Name)
+			t0 := time.Now()
+			for {
+				if err := env.CollectGarbage(ctx); err != nil {
+					t.Fatal(err)
 				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if len(left) > 0 {
-				t.Errorf("grouped keeps %d layers of the removed images after a collection: %v", len(left), left)
+				var left []string
+				if err := cl.SnapshotService(harness.SnapshotterGrouped).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+					if info.Kind == snapshots.KindCommitted && !pause[info.Name] {
+						left = append(left, info.Name)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				if len(left) == 0 {
+					t.Logf("grouped's layers of the removed images were collected %s after their removal", time.Since(t0).Round(100*time.Millisecond))
+					break
+				}
+				if time.Since(t0) > 30*time.Second {
+					t.Fatalf("grouped keeps %d layers of the removed images 30 s after their removal: %v", len(left), left)
+				}
+				time.Sleep(time.Second)
 			}
 		})
 	}
