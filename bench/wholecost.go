@@ -582,15 +582,30 @@ func (w *WholeCost) fileNote(file string) string {
 	return ""
 }
 
-// Advice renders the README's block: the recommendation per release and
-// where the table is.
+// Advice renders the README's block: a table of the recommendation per
+// release (its family, whether user-namespaced pods gain there, the mode)
+// and where the whole table is.
 func (w *WholeCost) Advice() string {
 	var b strings.Builder
-	b.WriteString("\n")
+	b.WriteString("\n| your containerd | user-namespaced pods, p99 startup ÷ overlayfs's | install grouped | why |\n|---|---|---|---|\n")
 	for _, rec := range w.Recommendations() {
-		b.WriteString("- " + wcRecommendationText(rec) + "\n")
+		gain := "not measured"
+		for _, m := range []string{ModeCRI, ModeHandler} {
+			if c := w.cost(rec.Release, m); c.userns.N > 0 {
+				gain = c.usernsCell.text + " (" + wcModeNames[m] + ")"
+				break
+			}
+		}
+		what := "no recommendation"
+		switch rec.Mode {
+		case ModeNone:
+			what = "**no**"
+		case ModeCRI, ModeHandler:
+			what = "**as " + wcModeNames[rec.Mode] + "**"
+		}
+		fmt.Fprintf(&b, "| %s (measured on %s) | %s | %s | %s |\n", wcReleaseFamily(rec.Release), rec.Release, gain, what, rec.Why)
 	}
-	fmt.Fprintf(&b, "\nFrom [the whole cost of each mode per release](%s), rendered from results files by rules written in `bench/wholecost.go`. `grouped-snapshotter check` says which family a node's release is (`userns-gain`).\n\n", wholeCostAnchor)
+	fmt.Fprintf(&b, "\nRendered from results files by the rules in `bench/wholecost.go`; [the whole cost of each mode](%s) adds plain pods, pulls, the first pod of a fresh image, disk, what kubelet sees and reboots. `grouped-snapshotter check` says which row a node is (`userns-gain`).\n\n", wholeCostAnchor)
 	return b.String()
 }
 

@@ -207,7 +207,7 @@ func TestUpdateWholeCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := string(out); !strings.HasPrefix(s, "a\n"+AdviceBegin+"\n") || !strings.HasSuffix(s, AdviceEnd+"\nb\n") || strings.Contains(s, "old") || !strings.Contains(s, "- containerd v2.0.5") {
+	if s := string(out); !strings.HasPrefix(s, "a\n"+AdviceBegin+"\n") || !strings.HasSuffix(s, AdviceEnd+"\nb\n") || strings.Contains(s, "old") || !strings.Contains(s, "(measured on v2.0.5)") {
 		t.Errorf("updated:\n%s", s)
 	}
 	for _, bad := range []string{"no block\n", doc + doc} {
