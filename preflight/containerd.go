@@ -3,13 +3,12 @@ package preflight
 import (
 	"context"
 	"fmt"
+	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
-
-	"github.com/pelletier/go-toml/v2"
 
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
@@ -59,10 +58,11 @@ func usernsGain(version string) (Status, string) {
 }
 
 // containerdConfig is the part of containerd's configuration the check
-// reads, merged over the main file and its imports.
+// reads, merged over the main file and its imports by containerd's own
+// loader (srvconfig.LoadConfig), as containerd merges them.
 type containerdConfig struct {
 	files   []string
-	proxies map[string]map[string]any
+	proxies map[string]srvconfig.ProxyPlugin
 	unpack  []map[string]any
 	// differs is the diff service's order of differs ("default").
 	differs []string
@@ -73,95 +73,46 @@ type containerdConfig struct {
 }
 
 func loadContainerdConfig(path string) (*containerdConfig, error) {
-	cfg := &containerdConfig{proxies: map[string]map[string]any{}, handlers: map[string]string{}}
-	seen := map[string]bool{}
-	var load func(string) error
-	load = func(p string) error {
-		if seen[p] {
-			return nil
-		}
-		seen[p] = true
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		var doc map[string]any
-		if err := toml.Unmarshal(data, &doc); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		cfg.files = append(cfg.files, p)
-		if proxies, ok := doc["proxy_plugins"].(map[string]any); ok {
-			for name, v := range proxies {
-				if m, ok := v.(map[string]any); ok {
-					cfg.proxies[name] = m
-				}
-			}
-		}
-		if plugins, ok := doc["plugins"].(map[string]any); ok {
-			if service, ok := plugins["io.containerd.service.v1.diff-service"].(map[string]any); ok {
-				if list, ok := service["default"].([]any); ok {
-					cfg.differs = cfg.differs[:0]
-					for _, e := range list {
-						if s, ok := e.(string); ok {
-							cfg.differs = append(cfg.differs, s)
-						}
-					}
-				}
-			}
-			// Config version 3, then version 2's single CRI plugin.
-			for _, imagesPlugin := range []string{"io.containerd.cri.v1.images", "io.containerd.grpc.v1.cri"} {
-				images, _ := plugins[imagesPlugin].(map[string]any)
-				if sn, ok := images["snapshotter"].(string); ok {
-					cfg.criSnapshotter = sn
-				}
-				if ctrd, ok := images["containerd"].(map[string]any); ok {
-					if sn, ok := ctrd["snapshotter"].(string); ok {
-						cfg.criSnapshotter = sn
-					}
-				}
-			}
-			for _, runtimePlugin := range []string{"io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"} {
-				rt, _ := plugins[runtimePlugin].(map[string]any)
-				ctrd, _ := rt["containerd"].(map[string]any)
-				runtimes, _ := ctrd["runtimes"].(map[string]any)
-				for name, v := range runtimes {
-					if sn, _ := v.(map[string]any)["snapshotter"].(string); sn != "" {
-						cfg.handlers[name] = sn
-					}
-				}
-			}
-			if transfer, ok := plugins["io.containerd.transfer.v1.local"].(map[string]any); ok {
-				if list, ok := transfer["unpack_config"].([]any); ok {
-					for _, e := range list {
-						if m, ok := e.(map[string]any); ok {
-							cfg.unpack = append(cfg.unpack, m)
-						}
-					}
-				}
-			}
-		}
-		imports, _ := doc["imports"].([]any)
-		for _, imp := range imports {
-			pattern, _ := imp.(string)
-			if pattern == "" {
-				continue
-			}
-			if !filepath.IsAbs(pattern) {
-				pattern = filepath.Join(filepath.Dir(p), pattern)
-			}
-			matches, err := filepath.Glob(pattern)
-			if err != nil {
-				return fmt.Errorf("%s: import %q: %w", p, pattern, err)
-			}
-			for _, m := range matches {
-				if err := load(m); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+	var c srvconfig.Config
+	if err := srvconfig.LoadConfig(context.Background(), path, &c); err != nil {
+		return nil, err
 	}
-	return cfg, load(path)
+	cfg := &containerdConfig{files: append([]string{path}, c.Imports...), proxies: c.ProxyPlugins, handlers: map[string]string{}}
+	table := func(m any, keys ...string) map[string]any {
+		t, _ := m.(map[string]any)
+		for _, k := range keys {
+			t, _ = t[k].(map[string]any)
+		}
+		return t
+	}
+	list := func(v any) []any { l, _ := v.([]any); return l }
+	for _, e := range list(table(c.Plugins["io.containerd.service.v1.diff-service"])["default"]) {
+		if s, ok := e.(string); ok {
+			cfg.differs = append(cfg.differs, s)
+		}
+	}
+	// Config version 3, then version 2's single CRI plugin.
+	for _, id := range []string{"io.containerd.cri.v1.images", "io.containerd.grpc.v1.cri"} {
+		if sn, ok := table(c.Plugins[id])["snapshotter"].(string); ok {
+			cfg.criSnapshotter = sn
+		}
+		if sn, ok := table(c.Plugins[id], "containerd")["snapshotter"].(string); ok {
+			cfg.criSnapshotter = sn
+		}
+	}
+	for _, id := range []string{"io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"} {
+		for name, v := range table(c.Plugins[id], "containerd", "runtimes") {
+			if sn, _ := table(v)["snapshotter"].(string); sn != "" {
+				cfg.handlers[name] = sn
+			}
+		}
+	}
+	for _, e := range list(table(c.Plugins["io.containerd.transfer.v1.local"])["unpack_config"]) {
+		if m, ok := e.(map[string]any); ok {
+			cfg.unpack = append(cfg.unpack, m)
+		}
+	}
+	return cfg, nil
 }
 
 // CheckContainerdConfig checks only containerd's configuration files.
@@ -186,19 +137,15 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		return
 	}
 	var problems []string
-	if t, _ := proxy["type"].(string); t != "snapshot" {
-		problems = append(problems, fmt.Sprintf("type is %q, want \"snapshot\"", t))
+	if proxy.Type != "snapshot" {
+		problems = append(problems, fmt.Sprintf("type is %q, want \"snapshot\"", proxy.Type))
 	}
-	if a, _ := proxy["address"].(string); filepath.Clean(a) != filepath.Clean(o.Address) {
-		problems = append(problems, fmt.Sprintf("address is %q but the daemon serves %q", a, o.Address))
+	if filepath.Clean(proxy.Address) != filepath.Clean(o.Address) {
+		problems = append(problems, fmt.Sprintf("address is %q but the daemon serves %q", proxy.Address, o.Address))
 	}
 	caps := map[string]bool{}
-	if list, ok := proxy["capabilities"].([]any); ok {
-		for _, c := range list {
-			if s, ok := c.(string); ok {
-				caps[s] = true
-			}
-		}
+	for _, c := range proxy.Capabilities {
+		caps[c] = true
 	}
 	if !caps["remap-ids"] {
 		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a mapped parent`)
@@ -206,8 +153,7 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	if caps["rebase"] {
 		problems = append(problems, `capabilities declare "rebase": containerd then unpacks layers in parallel without their parents, which loses whiteouts and parent directories' owners, and grouped-snapshotter refuses those commits, so such pulls fail; remove "rebase"`)
 	}
-	exports, _ := proxy["exports"].(map[string]any)
-	if root, _ := exports["root"].(string); filepath.Clean(root) != filepath.Clean(o.Root) {
+	if root := proxy.Exports["root"]; filepath.Clean(root) != filepath.Clean(o.Root) {
 		problems = append(problems, fmt.Sprintf("exports.root is %q, want %q (kubelet's image filesystem stats)", root, o.Root))
 	}
 	if len(problems) > 0 {
@@ -271,9 +217,7 @@ func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status
 func checkDiffer(o Options, cfg *containerdConfig, files string, add func(string, Status, string, ...any)) {
 	var names []string
 	for n, p := range cfg.proxies {
-		t, _ := p["type"].(string)
-		a, _ := p["address"].(string)
-		if t == "diff" && filepath.Clean(a) == filepath.Clean(o.Address) {
+		if p.Type == "diff" && filepath.Clean(p.Address) == filepath.Clean(o.Address) {
 			names = append(names, n)
 		}
 	}
