@@ -961,11 +961,19 @@ func (st *firstPodStage) settledDu(ctx context.Context) (both, ovl int64, err er
 func (st *firstPodStage) du(ctx context.Context) (both, ovl int64, err error) {
 	ovlRoot := filepath.Dir(st.env.Containerd.SnapshotsDir(harness.SnapshotterOverlayfs))
 	run := func(dirs ...string) (int64, error) {
-		out, err := exec.CommandContext(ctx, "du", append([]string{"-s", "-c", "-B1"}, dirs...)...).Output()
-		if err != nil {
-			return 0, fmt.Errorf("du %s: %w", strings.Join(dirs, " "), err)
+		// du exits 1 when a file goes while it walks (a snapshotter's
+		// cleanup after a collection or a restart): its total is then a
+		// reading like another, and settledDu takes one only once it
+		// holds still.
+		var errOut bytes.Buffer
+		cmd := exec.CommandContext(ctx, "du", append([]string{"-s", "-c", "-B1"}, dirs...)...)
+		cmd.Stderr = &errOut
+		out, err := cmd.Output()
+		total, perr := parseDuTotal(string(out))
+		if perr != nil {
+			return 0, fmt.Errorf("du %s: %w (%v: %s)", strings.Join(dirs, " "), perr, err, strings.TrimSpace(errOut.String()))
 		}
-		return parseDuTotal(string(out))
+		return total, nil
 	}
 	if both, err = run(ovlRoot, st.env.Snapshotter.Root); err != nil {
 		return 0, 0, err
@@ -1058,6 +1066,29 @@ func FirstPodMarkdown(fp *FirstPodResults) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// Keep puts earlier's rows of the releases other than versions before
+// these results' rows (its releases were measured by that earlier run),
+// starts the results when it started, and says so in a note.
+func (fp *FirstPodResults) Keep(earlier *FirstPodResults, versions []string) {
+	var kept []FirstPodRow
+	var from []string
+	for _, r := range earlier.Rows {
+		if !slices.Contains(versions, r.Containerd) {
+			kept = append(kept, r)
+			if !slices.Contains(from, r.Containerd) {
+				from = append(from, r.Containerd)
+			}
+		}
+	}
+	if len(kept) == 0 {
+		return
+	}
+	fp.notes = append(fp.notes, fmt.Sprintf("The rows of %s are those of an earlier run of the same configuration, started %s (kept with -firstpod-keep); this run, started %s, measured %s.",
+		strings.Join(from, ", "), earlier.Started, fp.Started, strings.Join(versions, ", ")))
+	fp.Rows = append(kept, fp.Rows...)
+	fp.Started = earlier.Started
 }
 
 // AddNote records an observation for the report.

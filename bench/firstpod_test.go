@@ -205,3 +205,15 @@ func TestHandlerFresh(t *testing.T) {
 		}
 	}
 }
+
+func TestFirstPodKeep(t *testing.T) {
+	earlier := &FirstPodResults{Started: "2026-12-05T07:49:00Z", Rows: []FirstPodRow{{Containerd: "v2.0.5", Contender: FirstPodBorrow}, {Containerd: "v2.4.2", Contender: FirstPodBorrow, Failed: "stopped"}}}
+	now := &FirstPodResults{Started: "2026-12-05T09:00:00Z", Rows: []FirstPodRow{{Containerd: "v2.4.2", Contender: FirstPodOverlay}}}
+	now.Keep(earlier, []string{"v2.4.2"})
+	if len(now.Rows) != 2 || now.Rows[0].Containerd != "v2.0.5" || now.Rows[1].Contender != FirstPodOverlay || now.Started != earlier.Started {
+		t.Errorf("kept %+v, started %s", now.Rows, now.Started)
+	}
+	if n := now.Notes(); len(n) != 1 || !strings.Contains(n[0], "rows of v2.0.5 are those of an earlier run") {
+		t.Errorf("notes %q", n)
+	}
+}

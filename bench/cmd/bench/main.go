@@ -41,6 +41,7 @@ func run() error {
 	firstPodImages := flag.String("firstpod-images", "", `first-pod scenario: comma-separated images, "50 layers" and/or "real" (default both)`)
 	firstPodContenders := flag.String("firstpod-contenders", "", "first-pod scenario: comma-separated contenders, borrow (\""+bench.FirstPodBorrow+"\"), no-borrow (\""+bench.FirstPodNoBorrow+"\") and overlayfs (default all)")
 	firstPodDiscard := flag.String("firstpod-discard", "", `first-pod scenario: comma-separated images of the discard_unpacked_layers = true variant, or "none" (default real)`)
+	firstPodKeep := flag.String("firstpod-keep", "", "with -firstpod: keep the rows of this earlier first-pod results file (e.g. a run that stopped early) for the releases this run does not measure, and write them together")
 	firstPodResults := flag.String("firstpod-results", "", "with -render -readme: the first-pod results to show in the document's first-pod block (default <out>/"+bench.FirstPodFile+")")
 	density := flag.Bool("density", false, "run only scenario 7, pod startup at node density on a real Kubernetes node (make bench-density)")
 	densityWorkloads := flag.String("density-workloads", "", `comma-separated density workloads PODS/userns|plain/LAYERS|real/REPS, e.g. "10/userns/50/3" (default: the configuration's)`)
@@ -218,7 +219,14 @@ func run() error {
 		if *b != "" || *binary != "" {
 			return errors.New("-firstpod runs the working tree's daemon")
 		}
-		return runFirstPod(*out, fpCfg)
+		var keep *bench.FirstPodResults
+		if *firstPodKeep != "" {
+			var err error
+			if keep, err = readFirstPod(*firstPodKeep); err != nil {
+				return err
+			}
+		}
+		return runFirstPod(*out, fpCfg, keep)
 	}
 	// make bench: the headline, then the first-pod scenario.
 	headlineFirstPod := !*quick && !*full && !ab && !*density && *resume == "" && *scenarios == "" && !*noFirstPod
@@ -382,7 +390,7 @@ func run() error {
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", res.Duration.Round(time.Second))
 	if headlineFirstPod {
 		fpCfg.GroupedBinary = cfg.GroupedBinary
-		if err := runFirstPod(*out, fpCfg); err != nil {
+		if err := runFirstPod(*out, fpCfg, nil); err != nil {
 			return fmt.Errorf("first-pod scenario after the headline: %w", err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: headline and first pod done in %s\n", time.Since(t0).Round(time.Second))
@@ -392,7 +400,7 @@ func run() error {
 
 // runFirstPod runs the first-pod scenario and writes its results, also
 // when it stopped early (then under firstpod-partial).
-func runFirstPod(out string, cfg bench.FirstPodConfig) error {
+func runFirstPod(out string, cfg bench.FirstPodConfig, keep *bench.FirstPodResults) error {
 	t0 := time.Now()
 	cfg.Logf = func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
@@ -402,6 +410,9 @@ func runFirstPod(out string, cfg bench.FirstPodConfig) error {
 	res, runErr := bench.RunFirstPod(ctx, cfg)
 	if res == nil {
 		return runErr
+	}
+	if keep != nil {
+		res.Keep(keep, cfg.Versions)
 	}
 	name := strings.TrimSuffix(bench.FirstPodFile, ".json")
 	if runErr != nil {
