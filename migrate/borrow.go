@@ -120,7 +120,9 @@ func (b *Borrower) session(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/prepare"`, `topic=="/snapshot/commit"`, `topic=="/images/create"`, `topic=="/images/update"`)
+	from := strconv.Quote(b.From)
+	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/prepare",event.snapshotter==`+from, `topic=="/snapshot/commit",event.snapshotter==`+from,
+		`topic=="/images/create"`, `topic=="/images/update"`)
 	log.G(ctx).WithField("from", b.From).WithField("to", to).Info("borrow: keeping the snapshotter in step with " + b.From)
 	if err := b.scan(ctx, c, to); err != nil {
 		return err
