@@ -62,10 +62,11 @@ func copyResults(t *testing.T, root string) {
 func TestRunRewrites(t *testing.T) {
 	root := t.TempDir()
 	copyResults(t, root)
-	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n<!-- BEGIN make-test -->\n23 min typed\n<!-- END make-test -->\n"
+	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n<!-- BEGIN make-test -->\n23 min typed\n<!-- END make-test -->\n"
 	bench := "# b\n\n<!-- BEGIN compat (generated) -->\n| typed too |\n<!-- END compat -->\nend\n"
-	readmePath, benchPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md")
-	for path, text := range map[string]string{readmePath: readme, benchPath: bench} {
+	ops := "# o\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n"
+	readmePath, benchPath, opsPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md"), filepath.Join(root, "docs", "operations.md")
+	for path, text := range map[string]string{readmePath: readme, benchPath: bench, opsPath: ops} {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +81,8 @@ func TestRunRewrites(t *testing.T) {
 		t.Fatalf("-check after a rewrite: %v", err)
 	}
 	for path, wants := range map[string][]string{
-		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false", "s per GiB", "<!-- END rollout -->\n", "`make test`\ntook "},
+		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false", "`make test`\ntook "},
+		opsPath:    {"# o\n<!-- BEGIN rollout -->\n", "s per GiB", "<!-- END rollout -->\n"},
 		benchPath:  {"# b\n\n<!-- BEGIN compat (generated) -->\n| containerd | plain start, ", "<!-- END compat -->\nend\n"},
 	} {
 		data, _ := os.ReadFile(path)
@@ -117,6 +119,9 @@ func TestRunPlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(filepath.Join(root, "docs", "benchmarks.md"), []byte(tc.bench), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "docs", "operations.md"), []byte("<!-- BEGIN rollout -->\n<!-- END rollout -->\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := run(root, false); err == nil || !strings.Contains(err.Error(), tc.want) {
