@@ -1,6 +1,6 @@
 // Command readme-tables rewrites the generated sections (between
-// "<!-- BEGIN name" and "<!-- END name -->") of the README, of
-// docs/benchmarks.md and of docs/operations.md from the committed results files the integration
+// "<!-- BEGIN name" and "<!-- END name -->") of the README and of
+// docs/benchmarks.md, docs/operations.md and docs/design.md from the committed results files the integration
 // tests produce: the mount-syscall table from
 // integration/results/mount-syscalls.json, the Kubernetes pod-start
 // figures from integration/k8s/results/latest.json, the rollout's import
@@ -24,7 +24,7 @@ import (
 
 // docs are the documents, relative to the repository root, that hold the
 // generated sections.
-var docs = []string{"README.md", filepath.Join("docs", "benchmarks.md"), filepath.Join("docs", "operations.md")}
+var docs = []string{"README.md", filepath.Join("docs", "benchmarks.md"), filepath.Join("docs", "operations.md"), filepath.Join("docs", "design.md")}
 
 func main() {
 	root := flag.String("root", ".", "repository root")

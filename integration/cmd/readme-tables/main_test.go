@@ -66,7 +66,7 @@ func TestRunRewrites(t *testing.T) {
 	bench := "# b\n\n<!-- BEGIN compat (generated) -->\n| typed too |\n<!-- END compat -->\nend\n"
 	ops := "# o\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n"
 	readmePath, benchPath, opsPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md"), filepath.Join(root, "docs", "operations.md")
-	for path, text := range map[string]string{readmePath: readme, benchPath: bench, opsPath: ops} {
+	for path, text := range map[string]string{readmePath: readme, benchPath: bench, opsPath: ops, filepath.Join(root, "docs", "design.md"): "# d\n"} {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -122,6 +122,9 @@ func TestRunPlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(filepath.Join(root, "docs", "operations.md"), []byte("<!-- BEGIN rollout -->\n<!-- END rollout -->\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "docs", "design.md"), nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := run(root, false); err == nil || !strings.Contains(err.Error(), tc.want) {
