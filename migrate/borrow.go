@@ -58,16 +58,17 @@ type Borrower struct {
 	// Borrowed, if set, is told of every layer made.
 	Borrowed func(namespace string, linked, copied int64)
 
-	// What follows is Run's goroutine's own. leased is the lease made last
-	// in each namespace. actives holds the directory of each active
-	// snapshot From prepared for an unpack (learned from its Mounts while
-	// the layer is applied), layers that of each layer committed from one,
-	// so that borrowing a layer needs no view of From. released holds, per
-	// namespace, the layers whose image now keeps them, to take out of the
-	// leases once containerd is quiet.
-	leased          map[string]string
+	// What follows is Run's goroutine's own. actives holds the directory
+	// of each active snapshot From prepared for an unpack (learned from its
+	// Mounts while the layer is applied), layers that of each layer
+	// committed from one, so that borrowing a layer needs no view of From.
+	// Per namespace: lease is the lease layers are made under now, leased
+	// the layers each of the borrower's leases holds, kept the layers that
+	// an image's config keeps since.
 	actives, layers map[string]string
-	released        map[string][]digest.Digest
+	lease           map[string]string
+	leased          map[string]map[string]map[string]bool
+	kept            map[string]map[string]bool
 }
 
 // leaseLife is how long a borrowed layer stays without an image naming it
@@ -127,12 +128,6 @@ func (b *Borrower) session(ctx context.Context) error {
 	if err := b.scan(ctx, c, to); err != nil {
 		return err
 	}
-	// Releasing a layer from the leases is a write to containerd's
-	// database per layer: it waits until no event came for quiet, so that
-	// it does not slow the pods that start right after a pull.
-	const quiet = 2 * time.Second
-	release := time.NewTimer(quiet)
-	defer release.Stop()
 	for {
 		var batch []*events.Envelope
 		select {
@@ -140,11 +135,6 @@ func (b *Borrower) session(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-errs:
 			return fmt.Errorf("containerd's events: %w", err)
-		case <-release.C:
-			if err := b.releaseLayers(ctx, c, to); err != nil {
-				return err
-			}
-			continue
 		case env := <-evs:
 			batch = append(batch, env)
 		}
@@ -163,22 +153,7 @@ func (b *Borrower) session(ctx context.Context) error {
 		if err := b.handle(ctx, c, to, batch); err != nil {
 			return err
 		}
-		release.Reset(quiet)
 	}
-}
-
-// releaseLayers takes the layers of released out of the borrower's leases.
-func (b *Borrower) releaseLayers(ctx context.Context, c *client.Client, to string) error {
-	for ns, chain := range b.released {
-		err := b.do(ctx, c, ns, to, func(ctx context.Context, r *run) error { return r.release(ctx, chain) })
-		if errdefs.IsUnavailable(err) {
-			return err
-		} else if err != nil {
-			log.G(ctx).WithError(err).WithField("namespace", ns).Warn("borrow: layers stay in the borrower's lease until it expires")
-		}
-		delete(b.released, ns)
-	}
-	return nil
 }
 
 // handle does the work of a batch of events: commits newest first, then
@@ -301,9 +276,10 @@ func (b *Borrower) scan(ctx context.Context, c *client.Client, to string) error 
 	return nil
 }
 
-// do runs work under the namespace's lock and a lease that keeps what it
-// makes for leaseLife (an hour's lease is shared by the work of ten
-// minutes; containerd's garbage collector removes it when it expires).
+// do runs work under the namespace's lock and the borrower's current lease
+// there, which keeps what it makes for leaseLife (a pull that fails leaves
+// layers no image keeps; containerd's garbage collector removes the lease
+// when it expires).
 func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work func(context.Context, *run) error) error {
 	if b.Lock != nil {
 		unlock, err := b.Lock(ns)
@@ -313,33 +289,44 @@ func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work
 		defer unlock()
 	}
 	ctx = namespaces.WithNamespace(ctx, ns)
-	id := leasePrefixBorrow + strconv.FormatInt(time.Now().Unix()/600, 10)
-	if b.leased[ns] != id {
-		if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseLife)); err != nil && !errdefs.IsAlreadyExists(err) {
-			return fmt.Errorf("create lease %s: %w", id, err)
+	if b.lease == nil {
+		b.lease, b.leased, b.kept = map[string]string{}, map[string]map[string]map[string]bool{}, map[string]map[string]bool{}
+	}
+	// The lease is made when a layer is about to be, not for every event.
+	withLease := func(ctx context.Context) (context.Context, error) {
+		id := b.lease[ns]
+		if id == "" {
+			id = leasePrefixBorrow + strconv.FormatInt(time.Now().UnixNano(), 36)
+			if _, err := c.LeasesService().Create(ctx, leases.WithID(id), leases.WithExpiration(leaseLife)); err != nil {
+				return ctx, fmt.Errorf("create lease %s: %w", id, err)
+			}
+			b.lease[ns] = id
+			if b.leased[ns] == nil {
+				b.leased[ns] = map[string]map[string]bool{}
+			}
+			b.leased[ns][id] = map[string]bool{}
 		}
-		if b.leased == nil {
-			b.leased = map[string]string{}
-		}
-		b.leased[ns] = id
+		return leases.WithLease(ctx, id), nil
 	}
 	r := &run{opts: Options{Namespace: ns, From: b.From, To: to, Platform: platforms.Default()},
 		from: c.SnapshotService(b.From), to: c.SnapshotService(to), cs: c.ContentStore(), is: c.ImageService(),
-		leases: c.LeasesService(), sum: &Summary{}, retryStale: true,
+		sum: &Summary{}, retryStale: true, withLease: withLease,
 		layerDir: func(chainID string) string {
 			dir := b.layers[ns+"\x00"+chainID]
 			delete(b.layers, ns+"\x00"+chainID)
 			return dir
 		}}
-	err := work(leases.WithLease(ctx, id), r)
+	err := work(ctx, r)
+	if id := b.lease[ns]; id != "" {
+		for _, l := range r.made {
+			b.leased[ns][id][l.String()] = true
+		}
+	}
 	if err != nil {
-		delete(b.leased, ns) // in case the lease went
+		b.lease[ns] = "" // in case the lease went
 	}
 	if len(r.kept) > 0 {
-		if b.released == nil {
-			b.released = map[string][]digest.Digest{}
-		}
-		b.released[ns] = append(b.released[ns], r.kept...)
+		b.release(ctx, c, ns, r.kept)
 	}
 	if r.sum.Layers > 0 {
 		log.G(ctx).WithField("namespace", ns).WithField("layers", r.sum.Layers).WithField("linked_bytes", r.sum.BytesLinked).
@@ -378,6 +365,10 @@ func (r *run) borrowChain(ctx context.Context, name string) (int, error) {
 	if len(missing) == 0 {
 		return depth, nil
 	}
+	ctx, err := r.withLease(ctx)
+	if err != nil {
+		return 0, err
+	}
 	dirs := make([]string, len(missing))
 	known := true
 	for i, info := range missing {
@@ -388,7 +379,6 @@ func (r *run) borrowChain(ctx context.Context, name string) (int, error) {
 	}
 	if !known {
 		log.G(ctx).WithField("layers", len(missing)).Debug("borrow: layer directories from a view")
-		var err error
 		if dirs, err = r.viewDirs(ctx, name, len(missing)); err != nil {
 			return 0, err
 		}
@@ -489,33 +479,37 @@ func (r *run) borrowImage(ctx context.Context, name string) error {
 	return nil
 }
 
-// release takes chain's layers out of the borrower's leases: the image's
-// config keeps them now, and removing the image must free them (and the
-// files they share with From) at the next garbage collection.
-func (r *run) release(ctx context.Context, chain []digest.Digest) error {
-	ls, err := r.leases.List(ctx, `id~="^`+leasePrefixBorrow+`"`)
-	if err != nil {
-		return fmt.Errorf("list leases: %w", err)
+// release notes that an image's config now keeps the layers of chain, and
+// deletes each of the borrower's leases whose layers images keep: removing
+// an image must free its layers, and the files they share with From, at
+// the next garbage collection. A lease is one write to delete, where
+// taking its layers out one by one would be a write each, just when the
+// pods of the image pulled start. The next layers go under a new lease.
+func (b *Borrower) release(ctx context.Context, c *client.Client, ns string, chain []digest.Digest) {
+	if b.kept[ns] == nil {
+		b.kept[ns] = map[string]bool{}
 	}
-	layers := map[string]bool{}
-	for _, id := range chain {
-		layers[id.String()] = true
+	for _, l := range chain {
+		b.kept[ns][l.String()] = true
 	}
-	for _, l := range ls {
-		res, err := r.leases.ListResources(ctx, l)
-		if err != nil {
-			return fmt.Errorf("list lease %s: %w", l.ID, err)
+	b.lease[ns] = ""
+	for id, layers := range b.leased[ns] {
+		covered := true
+		for l := range layers {
+			covered = covered && b.kept[ns][l]
 		}
-		for _, res := range res {
-			if res.Type != "snapshots/"+r.opts.To || !layers[res.ID] {
-				continue
-			}
-			if err := r.leases.DeleteResource(ctx, l, res); err != nil && !errdefs.IsNotFound(err) {
-				return fmt.Errorf("release %s from lease %s: %w", res.ID, l.ID, err)
-			}
+		if !covered {
+			continue
 		}
+		if err := c.LeasesService().Delete(ctx, leases.Lease{ID: id}); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("lease", id).Warn("borrow: the lease stays until it expires")
+			continue
+		}
+		delete(b.leased[ns], id)
 	}
-	return nil
+	if len(b.leased[ns]) == 0 {
+		delete(b.kept, ns) // nothing left to cover
+	}
 }
 
 func (r *run) has(ctx context.Context, name string) bool {

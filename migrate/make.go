@@ -85,5 +85,6 @@ func (r *run) makeLayer(ctx context.Context, l *layer) (err error) {
 		return fmt.Errorf("commit %s as %s in %s: %w", key, chainID, r.opts.To, err)
 	}
 	r.sum.Layers++
+	r.made = append(r.made, l.chainID)
 	return nil
 }

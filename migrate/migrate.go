@@ -83,12 +83,13 @@ type run struct {
 	// retryStale (a Borrower's runs) replaces a stale key of its own and
 	// takes a layer committed meanwhile by someone else as made.
 	retryStale bool
-	leases     leases.Manager // a Borrower's
 	// layerDir, if set, knows the directory of a layer of From by its
-	// chain ID ("" if not); kept collects the layers an image's config now
-	// keeps (a Borrower's).
-	layerDir func(chainID string) string
-	kept     []digest.Digest
+	// chain ID ("" if not); made collects the layers made, kept those an
+	// image's config now keeps (a Borrower's).
+	layerDir   func(chainID string) string
+	made, kept []digest.Digest
+	// withLease returns ctx under the lease layers are made under.
+	withLease func(context.Context) (context.Context, error)
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.
