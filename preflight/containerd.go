@@ -75,7 +75,7 @@ type containerdConfig struct {
 func loadContainerdConfig(path string) (*containerdConfig, error) {
 	var c srvconfig.Config
 	if err := srvconfig.LoadConfig(context.Background(), path, &c); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s (or a file it imports): %w", path, err)
 	}
 	cfg := &containerdConfig{files: append([]string{path}, c.Imports...), proxies: c.ProxyPlugins, handlers: map[string]string{}}
 	table := func(m any, keys ...string) map[string]any {
