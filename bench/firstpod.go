@@ -1123,8 +1123,8 @@ func HandlerFresh(res *Results) string {
 		return "\nNo run yet: `" + handlerFreshCommand + "` (in bench/) makes it.\n\n"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n`%s` (`bench/results/%s`, [report](../bench/results/%s)), %s, %s, %d cores; %s. Before every run of either contender the image was removed from the node, collected and pulled fresh with `crictl pull`; the installed daemon borrows from overlayfs (`borrow_from = \"overlayfs\"`).\n\n",
-		"make bench-density"+strings.TrimPrefix(handlerFreshCommand, "go run ./cmd/bench -density"), HandlerFreshFile, strings.TrimSuffix(HandlerFreshFile, ".json")+".md",
+	fmt.Fprintf(&b, "\n`%s` (in bench/; `bench/results/%s`, [report](../bench/results/%s)), %s, %s, %d cores; %s. Before every run of either contender the image was removed from the node, collected and pulled fresh with `crictl pull`; the installed daemon borrows from overlayfs (`borrow_from = \"overlayfs\"`).\n\n",
+		handlerFreshCommand, HandlerFreshFile, strings.TrimSuffix(HandlerFreshFile, ".json")+".md",
 		h.Started.UTC().Format("2006-01-02"), h.Machine.CPU, h.Machine.Cores, durationText(h))
 	b.WriteString("| containerd | workload | p99 startup, overlayfs (median of runs) | p99 startup, grouped (runtime handler) | grouped (runtime handler) ÷ overlayfs [95% CI] | target |\n|---|---|---|---|---|---|\n")
 	for _, v := range h.Config.Versions {
