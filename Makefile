@@ -79,8 +79,7 @@ bench-ab: tools
 # Then the whole cost per install mode and release (README's advice,
 # docs/operations.md's table; TestWholeCostCurrent).
 bench-readme:
-	cd bench && $(GO) run ./cmd/bench -render results/headline.json -density-results results/density.json -handler-results results/density-handler.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../README.md && \
-		$(GO) run ./cmd/bench -render results/latest.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -profile-results results/profile.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../docs/benchmarks.md && \
+	cd bench && $(GO) run ./cmd/bench -render results/latest.json -headline results/headline.json -density-results results/density.json -mountlock-results results/mountlock.json -lockstress-results results/lockstress.json -handler-results results/density-handler.json -profile-results results/profile.json -cri-results results/density-cri.json,results/density-cri-v242.json -readme ../docs/benchmarks.md && \
 		$(GO) run ./cmd/bench -wholecost ..
 
 # Every module for the host's architecture and for arm64 (one code path on

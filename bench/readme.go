@@ -30,6 +30,13 @@ const (
 // HeadlineEnd with ReadmeHeadline(res); doc must hold at least one of the
 // two blocks, each at most once.
 func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
+	return UpdateReadmeBlocks(doc, res, nil)
+}
+
+// UpdateReadmeBlocks is UpdateReadme for the blocks whose BEGIN marker keep
+// accepts (all when keep is nil): docs/benchmarks.md holds the headline,
+// rendered from headline.json, beside the tables of latest.json.
+func UpdateReadmeBlocks(doc []byte, res *Results, keep func(begin string) bool) ([]byte, error) {
 	if res.Failed != "" {
 		return nil, fmt.Errorf("results %q are of a run that stopped early (%s): the documents' tables come from a complete run", res.Config.Name, res.Failed)
 	}
@@ -50,7 +57,7 @@ func UpdateReadme(doc []byte, res *Results) ([]byte, error) {
 		{HandlerFreshBegin, HandlerFreshEnd, HandlerFresh},
 	} {
 		n := bytes.Count(doc, []byte(blk.begin))
-		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) {
+		if n == 0 && !bytes.Contains(doc, []byte(blk.end)) || keep != nil && !keep(blk.begin) {
 			continue
 		}
 		begin := bytes.Index(doc, []byte(blk.begin))

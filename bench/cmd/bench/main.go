@@ -64,7 +64,8 @@ func run() error {
 	render := flag.String("render", "", "only render the results of this JSON file again")
 	resume := flag.String("resume", "", "resume the run that stopped early and saved these results (NAME-partial.json), with its configuration: its finished units are kept, the others run")
 	wholeCost := flag.String("wholecost", "", "only render the whole-cost blocks (issue 47) of README.md and docs/operations.md under this repository root from its results files (make bench-readme passes ..)")
-	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this README (make bench-readme)")
+	readme := flag.String("readme", "", "with -render: only regenerate the benchmark tables of this document (make bench-readme)")
+	headline := flag.String("headline", "", "with -render and -readme: the headline block (only) is rendered from this results file (make bench-readme passes results/headline.json); without it, the run's own results render every block")
 	scenarios := flag.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.ScenarioNames, ",")+" (default all)")
 	versions := flag.String("versions", "", "comma-separated containerd releases (default: the configuration's)")
 	pullLayers := flag.String("pull-layers", "", "comma-separated layer counts of the pulls (default: the configuration's)")
@@ -160,7 +161,26 @@ func run() error {
 					return err
 				}
 			}
-			updated, err := bench.UpdateReadme(old, res)
+			keep := func(begin string) bool { return *headline == "" || begin != bench.HeadlineBegin }
+			updated, err := bench.UpdateReadmeBlocks(old, res, keep)
+			if err == nil && *headline != "" {
+				h := &bench.Results{}
+				data, rerr := os.ReadFile(*headline)
+				if rerr == nil {
+					rerr = json.Unmarshal(data, h)
+				}
+				if rerr != nil {
+					return fmt.Errorf("headline results %s: %w", *headline, rerr)
+				}
+				if data, err := os.ReadFile(*densityResults); err == nil {
+					d := &bench.Results{}
+					if err := json.Unmarshal(data, d); err != nil {
+						return fmt.Errorf("decode %s: %w", *densityResults, err)
+					}
+					h.MergeDensity(d)
+				}
+				updated, err = bench.UpdateReadmeBlocks(updated, h, func(begin string) bool { return begin == bench.HeadlineBegin })
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", *readme, err)
 			}
