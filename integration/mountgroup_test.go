@@ -105,6 +105,11 @@ func startViewEnv(t *testing.T, opts harness.Options) *harness.Env {
 	t.Helper()
 	version := opts.Containerd
 	opts.IDMap = "mapped"
+	if opts.SnapshotterBin != "" {
+		// The previous release (the upgrade test) knows the mode by its
+		// release-1 name only; this build still reads it.
+		opts.IDMap = "view"
+	}
 	opts.Logf = func(format string, args ...any) {
 		if testing.Verbose() {
 			fmt.Fprintf(os.Stderr, "harness("+version+"): "+format+"\n", args...)
