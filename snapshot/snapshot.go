@@ -218,7 +218,6 @@ func New(root string, cfg Config) (*Snapshotter, error) {
 // Root returns the snapshotter's root directory.
 func (s *Snapshotter) Root() string { return s.root }
 
-
 func hasOption(options []string, key string) bool {
 	for _, o := range options {
 		if k, _, _ := strings.Cut(o, "="); k == key {

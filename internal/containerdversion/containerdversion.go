@@ -77,10 +77,10 @@ type Client struct {
 	stop        context.CancelFunc
 	done        chan struct{}
 
-	mu           sync.Mutex
-	known        bool
+	mu    sync.Mutex
+	known bool
 	// answered is closed while the release is known.
-	answered chan struct{}
+	answered     chan struct{}
 	major, minor int
 	version      string
 	err          error
