@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -446,16 +445,9 @@ func (r *run) borrowImage(ctx context.Context, name string) error {
 		return fmt.Errorf("image %s: read config %s: %w", name, mf.Config.Digest, err)
 	}
 	chain := identity.ChainIDs(append([]digest.Digest(nil), diffIDs...))
-	var statErr error
-	have := sort.Search(len(chain), func(i int) bool {
-		_, err := r.from.Stat(ctx, chain[i].String())
-		if err != nil && !errdefs.IsNotFound(err) {
-			statErr = err
-		}
-		return err != nil
-	})
-	if statErr != nil {
-		return fmt.Errorf("image %s: stat layers in %s: %w", name, r.opts.From, statErr)
+	have, err := committedPrefix(ctx, r.from, chain)
+	if err != nil {
+		return fmt.Errorf("image %s: stat layers in %s: %w", name, r.opts.From, err)
 	} else if have == 0 {
 		log.G(ctx).WithField("image", name).Debugf("borrow: %s holds none of its layers", r.opts.From)
 		return nil

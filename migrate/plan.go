@@ -132,20 +132,12 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 		}
 		p.layers = append(p.layers, l)
 	}
-	// A committed layer's parents are committed too: To has a prefix of
-	// the chain (none before it loads), whose end a binary search finds.
-	var statErr error
+	// To has a prefix of the chain (none before it loads).
 	if !r.toAbsent {
-		p.first = sort.Search(len(chain), func(i int) bool {
-			_, err := r.to.Stat(ctx, chain[i].String())
-			if err != nil && !errdefs.IsNotFound(err) {
-				statErr = err
-			}
-			return err != nil
-		})
-	}
-	if statErr != nil {
-		return nil, fmt.Errorf("stat layers in %s: %w", r.opts.To, statErr)
+		var err error
+		if p.first, err = committedPrefix(ctx, r.to, chain); err != nil {
+			return nil, fmt.Errorf("stat layers in %s: %w", r.opts.To, err)
+		}
 	}
 	if p.first == len(chain) {
 		return p, nil
@@ -234,4 +226,19 @@ func mountDirs(mounts []mount.Mount) (upper string, lowers []string, err error) 
 		return upper, lowers, nil
 	}
 	return "", nil, fmt.Errorf("mount type %q, want bind or overlay: %w", m.Type, errdefs.ErrNotImplemented)
+}
+
+// committedPrefix returns how many of chain's first layers sn holds: a
+// committed layer's parents are committed too, so a binary search finds
+// the end of that prefix.
+func committedPrefix(ctx context.Context, sn snapshots.Snapshotter, chain []digest.Digest) (int, error) {
+	var statErr error
+	n := sort.Search(len(chain), func(i int) bool {
+		_, err := sn.Stat(ctx, chain[i].String())
+		if err != nil && !errdefs.IsNotFound(err) {
+			statErr = err
+		}
+		return err != nil
+	})
+	return n, statErr
 }
