@@ -682,14 +682,17 @@ type firstPodPair struct {
 	// unpack at creation, when the image was not unpacked in the pod's
 	// snapshotter.
 	appliedFirst, appliedNext int
-	err                       error
+	// phasesFirst and phasesNext are each pod's runp, create and start
+	// times (ms): where a slower first pod spends its extra time.
+	phasesFirst, phasesNext [3]float64
+	err                     error
 }
 
 func (p firstPodPair) String() string {
 	if p.err != nil {
 		return "FAILED: " + p.err.Error()
 	}
-	return fmt.Sprintf("pull %.0f ms, first %.0f ms, next %.0f ms (%.2fx); image %d bytes, grouped's own %d; %d layer blobs kept; layers applied at creation: pod 1 %d, pod 2 %d", p.pullMS, p.firstMS, p.nextMS, p.firstMS/p.nextMS, p.imageBytes, p.ownBytes, p.blobsKept, p.appliedFirst, p.appliedNext)
+	return fmt.Sprintf("pull %.0f ms, first %.0f ms, next %.0f ms (%.2fx); image %d bytes, grouped's own %d; %d layer blobs kept; layers applied at creation: pod 1 %d, pod 2 %d; runp/create/start ms: pod 1 %v, pod 2 %v", p.pullMS, p.firstMS, p.nextMS, p.firstMS/p.nextMS, p.imageBytes, p.ownBytes, p.blobsKept, p.appliedFirst, p.appliedNext, p.phasesFirst, p.phasesNext)
 }
 
 // pair measures one pair of contender c with img.
@@ -733,9 +736,10 @@ func (st *firstPodStage) pair(ctx context.Context, c firstPodContender, img *fir
 		p.ownBytes, p.imageBytes = ownBytes(both0, ovl0, both1, ovl1), ovl1-ovl0
 	}()
 	applied := []*int{&p.appliedFirst, &p.appliedNext}
+	phases := []*[3]float64{&p.phasesFirst, &p.phasesNext}
 	for i, out := range []*float64{&p.firstMS, &p.nextMS} {
 		log0 := fileSize(st.env.Containerd.LogPath)
-		d, pod, err := st.startPod(ctx, c, img)
+		d, pod, err := st.startPod(ctx, c, img, phases[i])
 		*applied[i] = countSince(st.env.Containerd.LogPath, log0, `msg="diff applied"`)
 		if pod != "" {
 			pods = append(pods, pod)
@@ -779,7 +783,7 @@ func durMS(d time.Duration) float64 { return math.Round(float64(d.Microseconds()
 
 // startPod runs a user-namespaced sandbox of c's handler and one container
 // of img in it, and returns the time from runp to the container running.
-func (st *firstPodStage) startPod(ctx context.Context, c firstPodContender, img *firstPodImage) (time.Duration, string, error) {
+func (st *firstPodStage) startPod(ctx context.Context, c firstPodContender, img *firstPodImage, phases *[3]float64) (time.Duration, string, error) {
 	st.pods++
 	// A mapping of its own per pod, as kubelet gives.
 	userns := &harness.IDMap{HostID: uint32(65536 * (16 + st.pods%4000)), Size: 65536}
@@ -788,14 +792,17 @@ func (st *firstPodStage) startPod(ctx context.Context, c firstPodContender, img 
 	if err != nil {
 		return 0, "", fmt.Errorf("runp: %w", err)
 	}
+	t1 := time.Now()
 	id, err := st.env.CRI.CreateContainer(ctx, pod, harness.ContainerSpec{Name: "app", Image: img.ref, Command: []string{"sleep", "3600"}, Userns: userns})
 	if err != nil {
 		return 0, pod, fmt.Errorf("create: %w", err)
 	}
+	t2 := time.Now()
 	if _, err := st.env.CRI.Crictl(ctx, "start", id); err != nil {
 		return 0, pod, fmt.Errorf("start: %w", err)
 	}
 	d := time.Since(t0)
+	*phases = [3]float64{durMS(t1.Sub(t0)), durMS(t2.Sub(t1)), durMS(d - t2.Sub(t0))}
 	out, err := st.env.CRI.Crictl(ctx, "ps", "-q", "--state", "Running", "--id", id)
 	if err != nil {
 		return d, pod, err

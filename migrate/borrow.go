@@ -2,10 +2,12 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
@@ -57,17 +59,19 @@ type Borrower struct {
 	// Borrowed, if set, is told of every layer made.
 	Borrowed func(namespace string, linked, copied int64)
 
-	// What follows is Run's goroutine's own. actives holds the directory
-	// of each active snapshot From prepared for an unpack (learned from its
-	// Mounts while the layer is applied), layers that of each layer
-	// committed from one, so that borrowing a layer needs no view of From.
-	// Per namespace: lease is the lease layers are made under now, leased
-	// the layers each of the borrower's leases holds, kept the layers that
-	// an image's config keeps since.
+	// mu guards actives and layers: actives holds the directory of each
+	// active snapshot From prepared for an unpack (learned from its Mounts
+	// while the layer is applied), layers that of each layer committed
+	// from one, so that borrowing a layer needs no view of From.
+	mu              sync.Mutex
 	actives, layers map[string]string
-	lease           map[string]string
-	leased          map[string]map[string]map[string]bool
-	kept            map[string]map[string]bool
+	// What follows is Run's goroutine's own. Per namespace: lease is the
+	// lease layers are made under now, leased the layers each of the
+	// borrower's leases holds, kept the layers that an image's config
+	// keeps since.
+	lease  map[string]string
+	leased map[string]map[string]map[string]bool
+	kept   map[string]map[string]bool
 }
 
 // leaseLife is how long a borrowed layer stays without an image naming it
@@ -124,33 +128,106 @@ func (b *Borrower) session(ctx context.Context) error {
 	evs, errs := c.Subscribe(sctx, `topic=="/snapshot/prepare",event.snapshotter==`+from, `topic=="/snapshot/commit",event.snapshotter==`+from,
 		`topic=="/images/create"`, `topic=="/images/update"`)
 	log.G(ctx).WithField("from", b.From).WithField("to", to).Info("borrow: keeping the snapshotter in step with " + b.From)
+	// The events are read apart from the work they bring: an unpack's
+	// directory is only readable while the layer is applied, and what
+	// waits while a layer is borrowed is taken together (the newest
+	// commit's chain covers the older ones).
+	var (
+		mu      sync.Mutex
+		queue   []*events.Envelope
+		recvErr error
+		ready   = make(chan struct{}, 1)
+	)
+	go func() {
+		for {
+			var env *events.Envelope
+			select {
+			case <-sctx.Done():
+				return
+			case err := <-errs:
+				if err == nil {
+					err = errors.New("the stream ended")
+				}
+				mu.Lock()
+				recvErr = fmt.Errorf("containerd's events: %w", err)
+				mu.Unlock()
+			case env = <-evs:
+				b.learn(sctx, c, env)
+				mu.Lock()
+				queue = append(queue, env)
+				mu.Unlock()
+			}
+			select {
+			case ready <- struct{}{}:
+			default:
+			}
+			if env == nil {
+				return
+			}
+		}
+	}()
 	if err := b.scan(ctx, c, to); err != nil {
 		return err
 	}
 	for {
-		var batch []*events.Envelope
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case err := <-errs:
-			return fmt.Errorf("containerd's events: %w", err)
-		case env := <-evs:
-			batch = append(batch, env)
+		case <-ready:
 		}
-		// A pull commits layers faster than they are borrowed one by one;
-		// what waits is taken together, and the newest commit's chain
-		// covers the older ones with one view of overlayfs.
-	more:
-		for len(batch) < 1000 {
-			select {
-			case env := <-evs:
-				batch = append(batch, env)
-			default:
-				break more
+		mu.Lock()
+		batch, err := queue, recvErr
+		queue = nil
+		mu.Unlock()
+		if len(batch) > 0 {
+			if err := b.handle(ctx, c, to, batch); err != nil {
+				return err
 			}
 		}
-		if err := b.handle(ctx, c, to, batch); err != nil {
+		if err != nil {
 			return err
+		}
+	}
+}
+
+// learn notes the directory of each layer From unpacks, from its active
+// snapshot's Mounts read as soon as the unpack began, so that borrowing
+// the layer once committed needs no view of From.
+func (b *Borrower) learn(ctx context.Context, c *client.Client, env *events.Envelope) {
+	ev, err := typeurl.UnmarshalAny(env.Event)
+	if err != nil {
+		return
+	}
+	var dir string
+	switch e := ev.(type) {
+	case *eventstypes.SnapshotPrepare:
+		if e.Snapshotter != b.From || !strings.HasPrefix(e.Key, "extract-") {
+			return
+		}
+		mounts, err := c.SnapshotService(b.From).Mounts(namespaces.WithNamespace(ctx, env.Namespace), e.Key)
+		if err != nil {
+			return // committed already: borrowing it takes a view
+		}
+		if dir, _, err = mountDirs(mounts); err != nil || dir == "" {
+			return
+		}
+	case *eventstypes.SnapshotCommit:
+	default:
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.actives == nil || len(b.actives)+len(b.layers) > 10000 {
+		b.actives, b.layers = map[string]string{}, map[string]string{} // unpacks that never committed
+	}
+	switch e := ev.(type) {
+	case *eventstypes.SnapshotPrepare:
+		b.actives[env.Namespace+"\x00"+e.Key] = dir
+	case *eventstypes.SnapshotCommit:
+		key := env.Namespace + "\x00" + e.Key
+		if dir, ok := b.actives[key]; ok && e.Snapshotter == b.From {
+			b.layers[env.Namespace+"\x00"+e.Name] = dir
+			delete(b.actives, key)
 		}
 	}
 }
@@ -164,39 +241,6 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 	}
 	var commits, imgs []job
 	seen := map[string]bool{}
-	if b.actives == nil || len(b.actives)+len(b.layers) > 10000 {
-		b.actives, b.layers = map[string]string{}, map[string]string{} // unpacks that never committed
-	}
-	committed := map[string]bool{}
-	for _, env := range batch {
-		if ev, err := typeurl.UnmarshalAny(env.Event); err == nil {
-			if e, ok := ev.(*eventstypes.SnapshotCommit); ok && e.Snapshotter == b.From {
-				committed[env.Namespace+"\x00"+e.Key] = true
-			}
-		}
-	}
-	for _, env := range batch {
-		ev, err := typeurl.UnmarshalAny(env.Event)
-		if err != nil {
-			continue
-		}
-		switch e := ev.(type) {
-		case *eventstypes.SnapshotPrepare:
-			key := env.Namespace + "\x00" + e.Key
-			if e.Snapshotter == b.From && strings.HasPrefix(e.Key, "extract-") && !committed[key] {
-				mounts, err := c.SnapshotService(b.From).Mounts(namespaces.WithNamespace(ctx, env.Namespace), e.Key)
-				if dir, _, derr := mountDirs(mounts); err == nil && derr == nil && dir != "" {
-					b.actives[key] = dir
-				}
-			}
-		case *eventstypes.SnapshotCommit:
-			key := env.Namespace + "\x00" + e.Key
-			if dir, ok := b.actives[key]; ok && e.Snapshotter == b.From {
-				b.layers[env.Namespace+"\x00"+e.Name] = dir
-				delete(b.actives, key)
-			}
-		}
-	}
 	for i := len(batch) - 1; i >= 0; i-- {
 		env := batch[i]
 		ev, err := typeurl.UnmarshalAny(env.Event)
@@ -311,6 +355,8 @@ func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work
 		from: c.SnapshotService(b.From), to: c.SnapshotService(to), cs: c.ContentStore(), is: c.ImageService(),
 		sum: &Summary{}, retryStale: true, withLease: withLease,
 		layerDir: func(chainID string) string {
+			b.mu.Lock()
+			defer b.mu.Unlock()
 			dir := b.layers[ns+"\x00"+chainID]
 			delete(b.layers, ns+"\x00"+chainID)
 			return dir

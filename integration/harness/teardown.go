@@ -78,6 +78,13 @@ func (e *Env) Close() error {
 		}
 	}
 	add(e.removeHostState())
+	// GS_LOGS_KEEP=DIR keeps a copy of the Env's logs (containerd's, the
+	// daemon's, the registry's) in DIR/<Env's directory name>, to see
+	// after a run what each did and when.
+	if dir := os.Getenv("GS_LOGS_KEEP"); dir != "" {
+		keep := filepath.Join(dir, filepath.Base(e.Dir))
+		add(wrap("keep logs in "+keep, os.CopyFS(keep, os.DirFS(filepath.Join(e.Dir, "logs")))))
+	}
 	if e.CRI != nil {
 		add(e.CRI.Network.remove(e.CRI.sandboxIDs()))
 	}
