@@ -150,8 +150,8 @@ const (
 	// DensityGrouped is grouped-snapshotter as installed, with the shipped
 	// config's idmap mode.
 	DensityGrouped = "grouped"
-	// DensityGroupedView is grouped-snapshotter with idmap = "view"
-	// forced, a second daemon next to the installed one: on containerd ≥
+	// DensityGroupedView is grouped-snapshotter with idmap = "mapped"
+	// forced (named by the mode's release-1 name, as in the results), a second daemon next to the installed one: on containerd ≥
 	// 2.3, where the shipped "auto" mode returns the shim shape, what
 	// mapped parents would cost or save.
 	DensityGroupedView = `grouped (idmap = "view" forced)`
@@ -535,7 +535,7 @@ type densityProxy struct {
 
 // startProxies starts the daemons of the stage's proxy contenders other
 // than the installed grouped-snapshotter: for DensityGroupedView, the
-// installed binary with the installed config but idmap = "view"; for
+// installed binary with the installed config but idmap = "mapped"; for
 // OverlayProxyName, bench/cmd/overlay-proxy.
 func (st *densityStage) startProxies(ctx context.Context) error {
 	for _, c := range st.contenders {
@@ -652,7 +652,7 @@ func (st *densityStage) importImages(ctx context.Context, refs []string) error {
 	return nil
 }
 
-// viewConfig writes the installed config with idmap = "view" into dir.
+// viewConfig writes the installed config with idmap = "mapped" into dir.
 func (st *densityStage) viewConfig(dir string) (string, error) {
 	cfg, err := os.ReadFile(st.node.ConfigFile)
 	if err != nil {
@@ -662,12 +662,12 @@ func (st *densityStage) viewConfig(dir string) (string, error) {
 	set := false
 	for _, l := range strings.Split(string(cfg), "\n") {
 		if k, _, ok := strings.Cut(l, "="); ok && strings.TrimSpace(k) == "idmap" && !set {
-			l, set = `idmap = "view"`, true
+			l, set = `idmap = "mapped"`, true
 		}
 		lines = append(lines, l)
 	}
 	if !set {
-		lines = append([]string{`idmap = "view"`}, lines...)
+		lines = append([]string{`idmap = "mapped"`}, lines...)
 	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	return cfgPath, os.WriteFile(cfgPath, []byte(strings.Join(lines, "\n")), 0o644)
@@ -885,7 +885,7 @@ func runDensityStage(ctx context.Context, cfg Config, st *densityStage, res *Res
 				if c.Snapshotter == harness.SnapshotterGrouped || c.Handler != "" && w.Userns {
 					row.IDMap = st.node.IDMap()
 				} else if c.Snapshotter == groupedViewSnapshotter {
-					row.IDMap = "view"
+					row.IDMap = "mapped"
 				}
 				if why := st.noImage[c.Name][w.imageKey()]; why != "" {
 					row.Err = why

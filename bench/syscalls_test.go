@@ -19,7 +19,7 @@ func TestStartSyscallsFlat(t *testing.T) {
 		t.Fatal("TestStartSyscallsFlat needs root (it runs containerd and runc and traces syscalls): run `sudo go test ./bench/`")
 	}
 	ctx := t.Context()
-	env, err := harness.Start(ctx, harness.Options{Containerd: harness.ContainerdV2_4, IDMap: "view"})
+	env, err := harness.Start(ctx, harness.Options{Containerd: harness.ContainerdV2_4, IDMap: "mapped"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,18 +169,47 @@ func (b *Borrower) session(ctx context.Context) error {
 	if err := b.scan(ctx, c, to); err != nil {
 		return err
 	}
+	// Image events wait until the events stop for imageDelay (at most
+	// imageWaitMax): their layers were borrowed as they were committed,
+	// and what an image adds (its config's label, the lease's release)
+	// would only compete with the first pods of the image just pulled.
+	var (
+		images []*events.Envelope
+		first  time.Time
+	)
 	for {
+		var due <-chan time.Time
+		if len(images) > 0 {
+			due = time.After(min(imageDelay, imageWaitMax-time.Since(first)))
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-due:
+			if err := b.handle(ctx, c, to, images); err != nil {
+				return err
+			}
+			images = nil
+			continue
 		case <-ready:
 		}
 		mu.Lock()
 		batch, err := queue, recvErr
 		queue = nil
 		mu.Unlock()
-		if len(batch) > 0 {
-			if err := b.handle(ctx, c, to, batch); err != nil {
+		var layers []*events.Envelope
+		for _, env := range batch {
+			if strings.HasPrefix(env.Topic, "/images/") {
+				if len(images) == 0 {
+					first = time.Now()
+				}
+				images = append(images, env)
+			} else {
+				layers = append(layers, env)
+			}
+		}
+		if len(layers) > 0 {
+			if err := b.handle(ctx, c, to, layers); err != nil {
 				return err
 			}
 		}
@@ -189,6 +218,12 @@ func (b *Borrower) session(ctx context.Context) error {
 		}
 	}
 }
+
+// imageDelay and imageWaitMax: see session.
+const (
+	imageDelay   = time.Second
+	imageWaitMax = 30 * time.Second
+)
 
 // learn notes the directory of each layer From unpacks, from its active
 // snapshot's Mounts read as soon as the unpack began, so that borrowing
@@ -240,7 +275,7 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 		work func(context.Context, *run) error
 	}
 	var commits, imgs []job
-	seen := map[string]bool{}
+	seen, targets := map[string]bool{}, map[string]map[digest.Digest]bool{}
 	for i := len(batch) - 1; i >= 0; i-- {
 		env := batch[i]
 		ev, err := typeurl.UnmarshalAny(env.Event)
@@ -264,7 +299,11 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 		}
 		if key := env.Namespace + "\x00" + name; !seen[key] {
 			seen[key] = true
-			imgs = append(imgs, job{env, func(ctx context.Context, r *run) error { return r.borrowImage(ctx, name) }})
+			if targets[env.Namespace] == nil {
+				targets[env.Namespace] = map[digest.Digest]bool{}
+			}
+			t := targets[env.Namespace]
+			imgs = append(imgs, job{env, func(ctx context.Context, r *run) error { return r.borrowImage(ctx, name, t) }})
 		}
 	}
 	for _, j := range append(commits, imgs...) {
@@ -304,7 +343,7 @@ func (b *Borrower) scan(ctx context.Context, c *client.Client, to string) error 
 				return fmt.Errorf("list images: %w", err)
 			}
 			for _, img := range distinct(imgs) {
-				if err := r.borrowImage(ctx, img.Name); errdefs.IsUnavailable(err) {
+				if err := r.borrowImage(ctx, img.Name, nil); errdefs.IsUnavailable(err) {
 					return err
 				} else if err != nil {
 					log.G(ctx).WithError(err).WithField("namespace", ns).WithField("image", img.Name).Warn("borrow failed")
@@ -472,12 +511,14 @@ func (r *run) viewDirs(ctx context.Context, name string, n int) ([]string, error
 // holds (all, or the first ones: containerd unpacks the rest when a pod
 // needs them), and names the top one in the image's config for the
 // garbage collector, as containerd's unpacker does.
-func (r *run) borrowImage(ctx context.Context, name string) error {
+func (r *run) borrowImage(ctx context.Context, name string, seen map[digest.Digest]bool) error {
 	img, err := r.is.Get(ctx, name)
 	if errdefs.IsNotFound(err) {
 		return nil
 	} else if err != nil {
 		return fmt.Errorf("image %s: %w", name, err)
+	} else if seen[img.Target.Digest] {
+		return nil // one pull names its image three ways (tag, digest, ID)
 	}
 	mf, err := images.Manifest(ctx, r.cs, img.Target, r.opts.Platform)
 	if errdefs.IsNotFound(err) {
@@ -514,6 +555,9 @@ func (r *run) borrowImage(ctx context.Context, name string) error {
 		}
 	}
 	r.kept = append(r.kept, chain[:have]...)
+	if seen != nil {
+		seen[img.Target.Digest] = true
+	}
 	return nil
 }
 
