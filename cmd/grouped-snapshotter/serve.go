@@ -93,25 +93,22 @@ func setGOMAXPROCS(configured int, env string) (int, string) {
 	return runtime.GOMAXPROCS(0), "Go's default"
 }
 
-// daemonAdmin answers the admin CLI's questions about the running daemon.
-type daemonAdmin struct {
-	sn  *snapshot.Snapshotter
-	cfg config.Config
-}
-
-func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
-	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
-}
-func (a daemonAdmin) MappedParents(ctx context.Context) (any, error) {
-	ps, err := a.sn.MappedParents(ctx)
-	return ps, err
-}
-func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
-func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
-	return a.sn.RemoveOrphans(ctx)
-}
-func (a daemonAdmin) Unremovable(context.Context) (map[string]string, error) {
-	return a.sn.Unremovable(), nil
+// adminMethods answer the admin CLI's questions about the running daemon.
+func adminMethods(sn *snapshot.Snapshotter, cfg config.Config) map[string]server.AdminMethod {
+	m := map[string]server.AdminMethod{
+		"Info": func(context.Context) (any, error) {
+			return server.DaemonInfo{Version: version, Root: cfg.RootPath, Address: cfg.Address, IDMap: string(sn.IDMapMode()), PID: os.Getpid()}, nil
+		},
+		"MappedParents": func(ctx context.Context) (any, error) { return sn.MappedParents(ctx) },
+		"Orphans":       func(ctx context.Context) (any, error) { return sn.Orphans(ctx) },
+		"Unremovable":   func(context.Context) (any, error) { return sn.Unremovable(), nil },
+		// Cleanup reports what it removed.
+		"Cleanup": func(ctx context.Context) (any, error) { return sn.RemoveOrphans(ctx) },
+	}
+	// Views is MappedParents under its release-1 name, for CLIs of that
+	// release talking to this daemon during an upgrade.
+	m["Views"] = m["MappedParents"]
+	return m
 }
 
 // notify tells systemd about the daemon's state; outside systemd it does
@@ -179,7 +176,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, health := server.NewGRPCServer(m.Instrument(sn), daemonAdmin{sn: sn, cfg: cfg})
+	srv, health := server.NewGRPCServer(m.Instrument(sn), adminMethods(sn, cfg))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
