@@ -48,17 +48,10 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 			return cfg, err
 		}
 	}
-	if v := flagString(c, "root"); v != "" {
-		cfg.RootPath = v
-	}
-	if v := flagString(c, "address"); v != "" {
-		cfg.Address = v
-	}
-	if v := flagString(c, "log-level"); v != "" {
-		cfg.LogLevel = v
-	}
-	if v := flagString(c, "containerd-address"); v != "" {
-		cfg.ContainerdAddress = v
+	for name, field := range map[string]*string{"root": &cfg.RootPath, "address": &cfg.Address, "log-level": &cfg.LogLevel, "containerd-address": &cfg.ContainerdAddress} {
+		if v := flagString(c, name); v != "" {
+			*field = v
+		}
 	}
 	if flagIsSet(c, "metrics-address") {
 		cfg.MetricsAddress = flagString(c, "metrics-address")
@@ -70,13 +63,10 @@ func setupLogging(level, format string) error {
 	if err := log.SetLevel(level); err != nil {
 		return fmt.Errorf("log level %q: %w", level, err)
 	}
-	switch format {
-	case "text":
-		return log.SetFormat(log.TextFormat)
-	case "json":
-		return log.SetFormat(log.JSONFormat)
+	if err := log.SetFormat(log.OutputFormat(format)); err != nil {
+		return fmt.Errorf("log format %q must be text or json", format)
 	}
-	return fmt.Errorf("log format %q must be text or json", format)
+	return nil
 }
 
 // setGOMAXPROCS applies the configured GOMAXPROCS unless the environment
