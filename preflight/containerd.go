@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -143,14 +144,10 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	if filepath.Clean(proxy.Address) != filepath.Clean(o.Address) {
 		problems = append(problems, fmt.Sprintf("address is %q but the daemon serves %q", proxy.Address, o.Address))
 	}
-	caps := map[string]bool{}
-	for _, c := range proxy.Capabilities {
-		caps[c] = true
-	}
-	if !caps["remap-ids"] {
+	if !slices.Contains(proxy.Capabilities, "remap-ids") {
 		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a mapped parent`)
 	}
-	if caps["rebase"] {
+	if slices.Contains(proxy.Capabilities, "rebase") {
 		problems = append(problems, `capabilities declare "rebase": containerd then unpacks layers in parallel without their parents, which loses whiteouts and parent directories' owners, and grouped-snapshotter refuses those commits, so such pulls fail; remove "rebase"`)
 	}
 	if root := proxy.Exports["root"]; filepath.Clean(root) != filepath.Clean(o.Root) {

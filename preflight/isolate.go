@@ -228,11 +228,3 @@ func checkOwnMountNamespace() error {
 	}
 	return nil
 }
-
-// errOf turns a probe's reported message back into an error.
-func errOf(msg string) error {
-	if msg == "" {
-		return nil
-	}
-	return errors.New(msg)
-}
