@@ -1,12 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
-	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -62,11 +63,8 @@ func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow
 		}
 		rows = append(rows, row)
 	}
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].Namespace != rows[j].Namespace {
-			return rows[i].Namespace < rows[j].Namespace
-		}
-		return rows[i].Key < rows[j].Key
+	slices.SortFunc(rows, func(a, b snapshotRow) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Key, b.Key))
 	})
 	return rows, nil
 }
