@@ -149,16 +149,15 @@ func (c *Client) run(ctx context.Context) {
 				quick = 0
 			}
 		}
-		timer := time.NewTimer(wait)
+		// time.After's timer needs no Stop: since Go 1.23 a timer whose
+		// channel nobody waits on is dropped, as a stopped one is.
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
 		case <-created:
 			quick = firstRetry
-		case <-timer.C:
+		case <-time.After(wait):
 		}
-		timer.Stop()
 	}
 }
 
