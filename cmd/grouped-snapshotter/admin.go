@@ -164,9 +164,9 @@ func gcCommand() *cli.Command {
 		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed, and what could not be removed last time and why"}),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			dryRun := c.Bool("dry-run")
-			method := "Cleanup"
+			method, verb := "Cleanup", "removed"
 			if dryRun {
-				method = "Orphans"
+				method, verb = "Orphans", "would remove"
 			}
 			var paths []string
 			if err := server.CallAdmin(c.Context, d.conn, method, &paths); err != nil {
@@ -182,10 +182,6 @@ func gcCommand() *cli.Command {
 			}
 			if c.Bool("json") {
 				return printJSON(map[string]any{"dry_run": dryRun, "paths": paths, "unremovable": stuck})
-			}
-			verb := "removed"
-			if dryRun {
-				verb = "would remove"
 			}
 			for _, p := range paths {
 				fmt.Printf("%s %s\n", verb, p)
