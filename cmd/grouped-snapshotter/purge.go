@@ -55,7 +55,7 @@ func purgeCommand() *cli.Command {
 				d.Close()
 				return fmt.Errorf("purge %q: a daemon answers on %q; stop it first", cfg.RootPath, cfg.Address)
 			}
-			res, err := purgeRoot(cfg.RootPath, purgeOptions{force: c.Bool("force"), ignore: ignore})
+			res, err := purgeRoot(cfg.RootPath, c.Bool("force"), ignore)
 			if err != nil {
 				return err
 			}
@@ -75,14 +75,6 @@ func purgeCommand() *cli.Command {
 	}
 }
 
-// purgeOptions are purgeRoot's choices beyond the root.
-type purgeOptions struct {
-	// force deletes the files even under the mounts that use them.
-	force bool
-	// ignore lists mounts not to count as users (podRootMounts).
-	ignore []mountKey
-}
-
 // purgeResult says what purgeRoot did.
 type purgeResult struct {
 	// removed: there was a root, and its files are gone.
@@ -99,8 +91,9 @@ type purgeResult struct {
 // snapshotter root, one whose metadata another process holds open (bbolt
 // keeps an flock on it), and, unless forced, a root whose files a mount
 // outside it uses: a container's root filesystem would go on running on
-// deleted directories. A refusal changes nothing.
-func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
+// deleted directories. A refusal changes nothing. The mounts of ignore
+// (podRootMounts) do not count as users.
+func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) {
 	var res purgeResult
 	root, err := filepath.Abs(root)
 	if err != nil {
@@ -128,12 +121,12 @@ func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
 	}
 	// Checked with the lock held: no daemon can mount anything new from
 	// here on (containerd's shim mounts only what a daemon returned).
-	mounts, users, err := rootUsers(root, opts.ignore)
+	mounts, users, err := rootUsers(root, ignore)
 	if err != nil {
 		return res, err
 	}
 	if len(users) > 0 {
-		if !opts.force {
+		if !force {
 			return res, usersError(root, users)
 		}
 		res.dangling = users
