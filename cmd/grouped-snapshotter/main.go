@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 
@@ -26,11 +27,7 @@ func main() {
 			if cmd := c.Args().First(); cmd == "" || cmd == "serve" {
 				return nil
 			}
-			level := flagString(c, "log-level")
-			if level == "" {
-				level = "info"
-			}
-			return setupLogging(level, flagString(c, "log-format"))
+			return setupLogging(cmp.Or(flagString(c, "log-level"), "info"), flagString(c, "log-format"))
 		},
 		Action: serve,
 		Commands: []*cli.Command{
