@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -113,12 +114,7 @@ func Run(ctx context.Context, o Options) []Result {
 
 // Failed reports whether any result failed.
 func Failed(results []Result) bool {
-	for _, r := range results {
-		if r.Status == Fail {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(results, func(r Result) bool { return r.Status == Fail })
 }
 
 func checkUserNamespaces(add func(string, Status, string, ...any)) {
