@@ -30,26 +30,17 @@ func (s *instrumented) Usage(ctx context.Context, key string) (_ snapshots.Usage
 }
 
 func (s *instrumented) Mounts(ctx context.Context, key string) (mounts []mount.Mount, err error) {
-	defer func(start time.Time) {
-		s.m.done("mounts", start, &err)
-		s.m.observeMounts(mounts)
-	}(time.Now())
+	defer s.m.doneMounts("mounts", time.Now(), &err, &mounts)
 	return s.Snapshotter.Mounts(ctx, key)
 }
 
 func (s *instrumented) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) (mounts []mount.Mount, err error) {
-	defer func(start time.Time) {
-		s.m.done("prepare", start, &err)
-		s.m.observeMounts(mounts)
-	}(time.Now())
+	defer s.m.doneMounts("prepare", time.Now(), &err, &mounts)
 	return s.Snapshotter.Prepare(ctx, key, parent, opts...)
 }
 
 func (s *instrumented) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) (mounts []mount.Mount, err error) {
-	defer func(start time.Time) {
-		s.m.done("view", start, &err)
-		s.m.observeMounts(mounts)
-	}(time.Now())
+	defer s.m.doneMounts("view", time.Now(), &err, &mounts)
 	return s.Snapshotter.View(ctx, key, parent, opts...)
 }
 

@@ -112,8 +112,11 @@ func (m *Metrics) done(op string, start time.Time, err *error) {
 	}
 }
 
-func (m *Metrics) observeMounts(mounts []mount.Mount) {
-	for _, mt := range mounts {
+// doneMounts is done for a call that returns mounts, and records their
+// shape.
+func (m *Metrics) doneMounts(op string, start time.Time, err *error, mounts *[]mount.Mount) {
+	m.done(op, start, err)
+	for _, mt := range *mounts {
 		switch mt.Type {
 		case "overlay":
 			m.layers.Observe(float64(mountgroup.LowerCount(mt)))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -63,9 +64,9 @@ func usernsGain(version string) (Status, string) {
 type containerdConfig struct {
 	files   []string
 	proxies map[string]srvconfig.ProxyPlugin
-	unpack  []map[string]any
-	// differs is the diff service's order of differs ("default").
-	differs []string
+	// unpack maps snapshotters to the platforms the transfer service
+	// unpacks for (unpack_config).
+	unpack map[string][]string
 	// criSnapshotter is CRI's default snapshotter ("" if not set: overlayfs);
 	// handlers maps CRI runtime handlers that name a snapshotter to it.
 	criSnapshotter string
@@ -77,19 +78,13 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 	if err := srvconfig.LoadConfig(context.Background(), path, &c); err != nil {
 		return nil, fmt.Errorf("%s (or a file it imports): %w", path, err)
 	}
-	cfg := &containerdConfig{files: append([]string{path}, c.Imports...), proxies: c.ProxyPlugins, handlers: map[string]string{}}
+	cfg := &containerdConfig{files: append([]string{path}, c.Imports...), proxies: c.ProxyPlugins, unpack: map[string][]string{}, handlers: map[string]string{}}
 	table := func(m any, keys ...string) map[string]any {
 		t, _ := m.(map[string]any)
 		for _, k := range keys {
 			t, _ = t[k].(map[string]any)
 		}
 		return t
-	}
-	list := func(v any) []any { l, _ := v.([]any); return l }
-	for _, e := range list(table(c.Plugins["io.containerd.service.v1.diff-service"])["default"]) {
-		if s, ok := e.(string); ok {
-			cfg.differs = append(cfg.differs, s)
-		}
 	}
 	// Config version 3, then version 2's single CRI plugin.
 	for _, id := range []string{"io.containerd.cri.v1.images", "io.containerd.grpc.v1.cri"} {
@@ -107,10 +102,11 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 			}
 		}
 	}
-	for _, e := range list(table(c.Plugins["io.containerd.transfer.v1.local"])["unpack_config"]) {
-		if m, ok := e.(map[string]any); ok {
-			cfg.unpack = append(cfg.unpack, m)
-		}
+	unpack, _ := table(c.Plugins["io.containerd.transfer.v1.local"])["unpack_config"].([]any)
+	for _, e := range unpack {
+		sn, _ := table(e)["snapshotter"].(string)
+		platform, _ := table(e)["platform"].(string)
+		cfg.unpack[sn] = append(cfg.unpack[sn], platform)
 	}
 	return cfg, nil
 }
@@ -143,14 +139,10 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	if filepath.Clean(proxy.Address) != filepath.Clean(o.Address) {
 		problems = append(problems, fmt.Sprintf("address is %q but the daemon serves %q", proxy.Address, o.Address))
 	}
-	caps := map[string]bool{}
-	for _, c := range proxy.Capabilities {
-		caps[c] = true
-	}
-	if !caps["remap-ids"] {
+	if !slices.Contains(proxy.Capabilities, "remap-ids") {
 		problems = append(problems, `capabilities lack "remap-ids": user-namespaced containers get a slow chown copy of every layer instead of a mapped parent`)
 	}
-	if caps["rebase"] {
+	if slices.Contains(proxy.Capabilities, "rebase") {
 		problems = append(problems, `capabilities declare "rebase": containerd then unpacks layers in parallel without their parents, which loses whiteouts and parent directories' owners, and grouped-snapshotter refuses those commits, so such pulls fail; remove "rebase"`)
 	}
 	if root := proxy.Exports["root"]; filepath.Clean(root) != filepath.Clean(o.Root) {
@@ -165,24 +157,14 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 	checkKubeletStats(o, cfg, add)
 	// The transfer service unpacks only for the listed platforms.
 	want := "linux/" + runtime.GOARCH
-	var others []string
-	for _, u := range cfg.unpack {
-		s, _ := u["snapshotter"].(string)
-		if s != o.Name {
-			continue
-		}
-		if p, _ := u["platform"].(string); p != want {
-			others = append(others, p)
-			continue
-		}
+	switch platforms := cfg.unpack[o.Name]; {
+	case slices.Contains(platforms, want):
 		add("containerd-unpack", OK, "transfer service unpacks for %s (platform %s)", o.Name, want)
-		return
+	case len(platforms) > 0:
+		add("containerd-unpack", Fail, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]] for %s lists platform %q, not this node's %q: pulls with --snapshotter %s fail with \"no unpack platforms defined\"", o.Name, platforms, want, o.Name)
+	default:
+		add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
 	}
-	if len(others) > 0 {
-		add("containerd-unpack", Fail, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]] for %s lists platform %q, not this node's %q: pulls with --snapshotter %s fail with \"no unpack platforms defined\"", o.Name, others, want, o.Name)
-		return
-	}
-	add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
 }
 
 // checkKubeletStats says whether kubelet sees the writable-layer usage of

@@ -185,20 +185,20 @@ func ProbeMain(dir string, w io.Writer) error {
 	if err := checkOwnMountNamespace(); err != nil {
 		return fmt.Errorf("probe in %q: %w", dir, err)
 	}
-	var out probeOutcome
 	// containerd's own check for its overlayfs snapshotter: d_type, and an
 	// overlay with two lowerdirs mounted for real.
-	if err := overlayutils.Supported(dir); err != nil {
-		out.Lowerdirs = err.Error()
-	}
+	out := probeOutcome{Lowerdirs: message(overlayutils.Supported(dir))}
 	mountErr, overlayErr := probeIDMapped(dir)
-	if mountErr != nil {
-		out.IDMapped = mountErr.Error()
-	}
-	if overlayErr != nil {
-		out.OverlayIDMapped = overlayErr.Error()
-	}
+	out.IDMapped, out.OverlayIDMapped = message(mountErr), message(overlayErr)
 	return json.NewEncoder(w).Encode(out)
+}
+
+// message is a probe's outcome as probeOutcome reports it.
+func message(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // checkOwnMountNamespace fails unless this process's mount namespace
@@ -227,12 +227,4 @@ func checkOwnMountNamespace() error {
 		}
 	}
 	return nil
-}
-
-// errOf turns a probe's reported message back into an error.
-func errOf(msg string) error {
-	if msg == "" {
-		return nil
-	}
-	return errors.New(msg)
 }

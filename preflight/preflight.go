@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -71,13 +72,13 @@ func Run(ctx context.Context, o Options) []Result {
 		add("overlayfs", OK, "kernel has overlayfs")
 	}
 	if probeErr == nil {
-		if err := errOf(probes.Lowerdirs); err != nil {
+		if err := probes.Lowerdirs; err != "" {
 			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
 		} else {
 			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
 		}
-		switch err := errOf(probes.IDMapped); {
-		case err == nil:
+		switch err := probes.IDMapped; {
+		case err == "":
 			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
 		case o.IDMap != "shim":
 			add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
@@ -87,8 +88,8 @@ func Run(ctx context.Context, o Options) []Result {
 		// What containers need is the combination: an overlay whose lowers
 		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
 		// "shim" containerd's shim builds the same overlay).
-		switch err := errOf(probes.OverlayIDMapped); {
-		case err == nil:
+		switch err := probes.OverlayIDMapped; {
+		case err == "":
 			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
 		case o.IDMap != "shim":
 			add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
@@ -113,12 +114,7 @@ func Run(ctx context.Context, o Options) []Result {
 
 // Failed reports whether any result failed.
 func Failed(results []Result) bool {
-	for _, r := range results {
-		if r.Status == Fail {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(results, func(r Result) bool { return r.Status == Fail })
 }
 
 func checkUserNamespaces(add func(string, Status, string, ...any)) {

@@ -16,18 +16,9 @@ import (
 // free of generated code while staying readable with grpcurl.
 const AdminService = "grouped.v1.Admin"
 
-// Admin is what the admin service exposes.
-type Admin interface {
-	Info(ctx context.Context) (DaemonInfo, error)
-	// MappedParents lists the mapped parents (any JSON-encodable value:
-	// the server is the snapshotter's transport and knows no type of it).
-	MappedParents(ctx context.Context) (any, error)
-	Orphans(ctx context.Context) ([]string, error)
-	// RemoveOrphans removes what Orphans lists and returns what it removed.
-	RemoveOrphans(ctx context.Context) ([]string, error)
-	// Unremovable maps the orphans whose last removal failed to why.
-	Unremovable(ctx context.Context) (map[string]string, error)
-}
+// AdminMethod answers one method of the admin service: any JSON-encodable
+// value (the server is the daemon's transport and knows no type of it).
+type AdminMethod func(ctx context.Context) (any, error)
 
 // DaemonInfo describes the running daemon.
 type DaemonInfo struct {
@@ -38,36 +29,16 @@ type DaemonInfo struct {
 	PID     int    `json:"pid"`
 }
 
-type adminHandler func(ctx context.Context, a Admin) (any, error)
-
-var adminMethods = map[string]adminHandler{
-	"Info":          func(ctx context.Context, a Admin) (any, error) { return a.Info(ctx) },
-	"MappedParents": func(ctx context.Context, a Admin) (any, error) { return a.MappedParents(ctx) },
-	// Views is MappedParents under its release-1 name, for CLIs of that
-	// release talking to this daemon during an upgrade.
-	"Views": func(ctx context.Context, a Admin) (any, error) { return a.MappedParents(ctx) },
-	"Orphans": func(ctx context.Context, a Admin) (any, error) {
-		return a.Orphans(ctx)
-	},
-	"Unremovable": func(ctx context.Context, a Admin) (any, error) {
-		return a.Unremovable(ctx)
-	},
-	// Cleanup reports what it removed.
-	"Cleanup": func(ctx context.Context, a Admin) (any, error) {
-		return a.RemoveOrphans(ctx)
-	},
-}
-
-func registerAdmin(srv *grpc.Server, a Admin) {
+func registerAdmin(srv *grpc.Server, methods map[string]AdminMethod) {
 	desc := grpc.ServiceDesc{ServiceName: AdminService, HandlerType: (*any)(nil)}
-	for name, h := range adminMethods {
+	for name, h := range methods {
 		desc.Methods = append(desc.Methods, grpc.MethodDesc{
 			MethodName: name,
 			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 				if err := dec(&emptypb.Empty{}); err != nil {
 					return nil, err
 				}
-				v, err := h(ctx, a)
+				v, err := h(ctx)
 				if err != nil {
 					return nil, err
 				}
@@ -79,7 +50,7 @@ func registerAdmin(srv *grpc.Server, a Admin) {
 			},
 		})
 	}
-	srv.RegisterService(&desc, a)
+	srv.RegisterService(&desc, nil)
 }
 
 // CallAdmin calls method of the admin service on conn and decodes the JSON

@@ -17,15 +17,7 @@ import (
 // one or any other file refused), until ctx ends. what names the endpoint
 // in errors and logs.
 func ServeHTTP(ctx context.Context, address, what string, handler http.Handler) error {
-	var (
-		l   net.Listener
-		err error
-	)
-	if path, ok := strings.CutPrefix(address, "unix://"); ok {
-		l, err = Listen(path)
-	} else {
-		l, err = net.Listen("tcp", address)
-	}
+	l, err := listenHTTP(address)
 	if err != nil {
 		return fmt.Errorf("%s address %q: %w", what, address, err)
 	}
@@ -42,4 +34,11 @@ func ServeHTTP(ctx context.Context, address, what string, handler http.Handler) 
 		}
 	}()
 	return nil
+}
+
+func listenHTTP(address string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(address, "unix://"); ok {
+		return Listen(path)
+	}
+	return net.Listen("tcp", address)
 }

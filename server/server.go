@@ -84,12 +84,13 @@ func removeStaleSocket(address string) error {
 
 // NewGRPCServer returns a gRPC server with sn registered as containerd's
 // snapshots service, the standard health service (NOT_SERVING until the
-// caller marks it serving) and, when it is not nil, the admin service.
+// caller marks it serving) and, when admin is not nil, the admin service
+// with its methods by name.
 //
 // It serves no diff service: a proxy differ in containerd's diff service is
 // asked about every diff and apply of every snapshotter, and one that is down
 // fails them all.
-func NewGRPCServer(sn snapshots.Snapshotter, admin Admin) (*grpc.Server, *health.Server) {
+func NewGRPCServer(sn snapshots.Snapshotter, admin map[string]AdminMethod) (*grpc.Server, *health.Server) {
 	// A client that connects but never speaks HTTP/2 would otherwise hold
 	// up a graceful stop for gRPC's default 120 s handshake timeout.
 	srv := grpc.NewServer(grpc.ConnectionTimeout(5 * time.Second))

@@ -1,12 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
-	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -62,11 +63,8 @@ func listSnapshots(ctx context.Context, sn snapshots.Snapshotter) ([]snapshotRow
 		}
 		rows = append(rows, row)
 	}
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].Namespace != rows[j].Namespace {
-			return rows[i].Namespace < rows[j].Namespace
-		}
-		return rows[i].Key < rows[j].Key
+	slices.SortFunc(rows, func(a, b snapshotRow) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Key, b.Key))
 	})
 	return rows, nil
 }
@@ -166,9 +164,9 @@ func gcCommand() *cli.Command {
 		Flags: clientFlags(&cli.BoolFlag{Name: "dry-run", Usage: "only list what would be removed, and what could not be removed last time and why"}),
 		Action: withDaemon(func(c *cli.Context, d *daemonClient) error {
 			dryRun := c.Bool("dry-run")
-			method := "Cleanup"
+			method, verb := "Cleanup", "removed"
 			if dryRun {
-				method = "Orphans"
+				method, verb = "Orphans", "would remove"
 			}
 			var paths []string
 			if err := server.CallAdmin(c.Context, d.conn, method, &paths); err != nil {
@@ -184,10 +182,6 @@ func gcCommand() *cli.Command {
 			}
 			if c.Bool("json") {
 				return printJSON(map[string]any{"dry_run": dryRun, "paths": paths, "unremovable": stuck})
-			}
-			verb := "removed"
-			if dryRun {
-				verb = "would remove"
 			}
 			for _, p := range paths {
 				fmt.Printf("%s %s\n", verb, p)

@@ -19,7 +19,7 @@ func checkCommand() *cli.Command {
 			&cli.StringFlag{Name: "config", Usage: "configuration file (default " + defaultConfigPath + " if it exists)"},
 			&cli.StringFlag{Name: "root", Usage: "the daemon's root (overrides the config file)"},
 			&cli.StringFlag{Name: "address", Usage: "the daemon's socket (overrides the config file)"},
-			&cli.StringFlag{Name: "containerd-address", Value: "/run/containerd/containerd.sock", Usage: "containerd's gRPC socket"},
+			&cli.StringFlag{Name: "containerd-address", Value: config.DefaultContainerdAddress, Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "containerd-config", Value: "/etc/containerd/config.toml", Usage: "containerd's config file (imports are followed)"},
 			&cli.StringFlag{Name: "name", Value: config.Name, Usage: "the snapshotter's name in containerd's proxy_plugins"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},

@@ -22,7 +22,7 @@ func forgetCommand() *cli.Command {
 		Usage:     "remove containerd's records of grouped's snapshots in every namespace (before a purge); those of containers are kept",
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
+			&cli.StringFlag{Name: "containerd-address", Value: config.DefaultContainerdAddress, Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "snapshotter", Value: config.Name, Usage: "grouped-snapshotter's name in containerd's config"},
 			&cli.BoolFlag{Name: "stale", Usage: "remove only the records of snapshots grouped no longer has (left by a purge while containers used them), which the containers and images of containerd name; install runs it"},
 		},

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 
@@ -26,11 +27,7 @@ func main() {
 			if cmd := c.Args().First(); cmd == "" || cmd == "serve" {
 				return nil
 			}
-			level := flagString(c, "log-level")
-			if level == "" {
-				level = "info"
-			}
-			return setupLogging(level, flagString(c, "log-format"))
+			return setupLogging(cmp.Or(flagString(c, "log-level"), "info"), flagString(c, "log-format"))
 		},
 		Action: serve,
 		Commands: []*cli.Command{
@@ -43,8 +40,8 @@ func main() {
 			gcCommand(),
 			purgeCommand(),
 			forgetCommand(),
-			importCommand(),
-			exportCommand(),
+			migrateCommand("import", true, "make images unpacked in containerd's overlayfs unpacked in grouped too, by hard links (no pull)"),
+			migrateCommand("export", false, "make images unpacked in grouped unpacked in containerd's overlayfs too, by hard links (for rollback)"),
 			configCommand(),
 			runtimeHandlerCommand(),
 			versionCommand(),

@@ -14,33 +14,22 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/migrate"
 )
 
-const defaultContainerdAddress = "/run/containerd/containerd.sock"
-
-// importCommand and exportCommand move unpacked images between
-// containerd's overlayfs and grouped without pulling (package migrate).
-func importCommand() *cli.Command {
-	return migrateCommand("import", "overlayfs", true,
-		"make images unpacked in containerd's overlayfs unpacked in grouped too, by hard links (no pull)")
-}
-
-func exportCommand() *cli.Command {
-	return migrateCommand("export", "overlayfs", false,
-		"make images unpacked in grouped unpacked in containerd's overlayfs too, by hard links (for rollback)")
-}
-
-func migrateCommand(name, other string, toGrouped bool, usage string) *cli.Command {
+// migrateCommand is import (toGrouped) or export: they move unpacked images
+// between containerd's overlayfs and grouped without pulling (package
+// migrate).
+func migrateCommand(name string, toGrouped bool, usage string) *cli.Command {
 	return &cli.Command{
 		Name:      name,
 		Usage:     usage,
 		ArgsUsage: " ",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "containerd-address", Value: defaultContainerdAddress, Usage: "containerd's gRPC socket"},
+			&cli.StringFlag{Name: "containerd-address", Value: config.DefaultContainerdAddress, Usage: "containerd's gRPC socket"},
 			&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "k8s.io", Usage: "containerd namespace of the images (kubelet's is k8s.io)"},
 			&cli.StringSliceFlag{Name: "image", Usage: "an image reference to move (repeatable); default every image of the namespace"},
 			&cli.StringFlag{Name: "snapshotter", Value: config.Name, Usage: "grouped-snapshotter's name in containerd's config"},
-			&cli.StringFlag{Name: "overlayfs", Value: other, Usage: "the other snapshotter's name in containerd"},
+			&cli.StringFlag{Name: "overlayfs", Value: "overlayfs", Usage: "the other snapshotter's name in containerd"},
 			&cli.StringFlag{Name: "platform", Usage: "platform of the images' layers (default the host's)"},
-			&cli.StringFlag{Name: "lock-dir", Value: "/run", Usage: "directory of the lock file that keeps two runs apart"},
+			&cli.StringFlag{Name: "lock-dir", Value: migrateLockDir, Usage: "directory of the lock file that keeps two runs apart"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "check that the run could go (containerd answers, every image can move, copies fit) and say what it would make; change nothing"},
 			&cli.StringFlag{Name: "destination-root", Usage: "root directory of the destination snapshotter, where the room for copies is checked (default: the root containerd reports for it)"},
 		},

@@ -3,15 +3,17 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
+	"github.com/prometheus/procfs"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
@@ -53,7 +55,7 @@ func purgeCommand() *cli.Command {
 				d.Close()
 				return fmt.Errorf("purge %q: a daemon answers on %q; stop it first", cfg.RootPath, cfg.Address)
 			}
-			res, err := purgeRoot(cfg.RootPath, purgeOptions{force: c.Bool("force"), ignore: ignore})
+			res, err := purgeRoot(cfg.RootPath, c.Bool("force"), ignore)
 			if err != nil {
 				return err
 			}
@@ -73,14 +75,6 @@ func purgeCommand() *cli.Command {
 	}
 }
 
-// purgeOptions are purgeRoot's choices beyond the root.
-type purgeOptions struct {
-	// force deletes the files even under the mounts that use them.
-	force bool
-	// ignore lists mounts not to count as users (podRootMounts).
-	ignore []mountKey
-}
-
 // purgeResult says what purgeRoot did.
 type purgeResult struct {
 	// removed: there was a root, and its files are gone.
@@ -97,8 +91,9 @@ type purgeResult struct {
 // snapshotter root, one whose metadata another process holds open (bbolt
 // keeps an flock on it), and, unless forced, a root whose files a mount
 // outside it uses: a container's root filesystem would go on running on
-// deleted directories. A refusal changes nothing.
-func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
+// deleted directories. A refusal changes nothing. The mounts of ignore
+// (podRootMounts) do not count as users.
+func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) {
 	var res purgeResult
 	root, err := filepath.Abs(root)
 	if err != nil {
@@ -126,16 +121,12 @@ func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
 	}
 	// Checked with the lock held: no daemon can mount anything new from
 	// here on (containerd's shim mounts only what a daemon returned).
-	mounts, err := mountinfo.GetMounts(nil)
-	if err != nil {
-		return res, fmt.Errorf("purge %q: list mounts: %w", root, err)
-	}
-	users, err := rootUsers(root, mounts, opts.ignore)
+	mounts, users, err := rootUsers(root, ignore)
 	if err != nil {
 		return res, err
 	}
 	if len(users) > 0 {
-		if !opts.force {
+		if !force {
 			return res, usersError(root, users)
 		}
 		res.dangling = users
@@ -149,16 +140,11 @@ func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
 	// root, detaching an operator's disk and leaving its data behind.
 	below := map[string]bool{}
 	for _, m := range mounts {
-		if rel, ok := strictlyUnder(m.Mountpoint, root); ok {
+		if rel, ok := under(root, m.Mountpoint); ok && rel != "." {
 			below[filepath.Join(root, strings.SplitN(rel, "/", 2)[0])] = true
 		}
 	}
-	tops := make([]string, 0, len(below))
-	for dir := range below {
-		tops = append(tops, dir)
-	}
-	sort.Strings(tops)
-	for _, dir := range tops {
+	for _, dir := range slices.Sorted(maps.Keys(below)) {
 		if _, err := mountgroup.UnmountAll(dir); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
@@ -168,23 +154,23 @@ func purgeRoot(root string, opts purgeOptions) (purgeResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("purge %q: is it a mount point: %w", root, err)
 	}
-	if !isMount {
-		if err := os.RemoveAll(root); err != nil {
+	doomed := []string{root}
+	if isMount {
+		entries, err := os.ReadDir(root)
+		if err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
-		res.removed = true
-		return res, nil
+		doomed = doomed[:0]
+		for _, e := range entries {
+			doomed = append(doomed, filepath.Join(root, e.Name()))
+		}
 	}
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return res, fmt.Errorf("purge %q: %w", root, err)
-	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+	for _, p := range doomed {
+		if err := os.RemoveAll(p); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
 	}
-	res.removed, res.emptied = true, true
+	res.removed, res.emptied = true, isMount
 	return res, nil
 }
 
@@ -199,18 +185,11 @@ func checkRootUnused(root string, ignore []mountKey) error {
 	if _, err := os.Stat(root); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	mounts, err := mountinfo.GetMounts(nil)
-	if err != nil {
-		return fmt.Errorf("purge %q: list mounts: %w", root, err)
+	_, users, err := rootUsers(root, ignore)
+	if err == nil && len(users) > 0 {
+		err = usersError(root, users)
 	}
-	users, err := rootUsers(root, mounts, ignore)
-	if err != nil {
-		return err
-	}
-	if len(users) > 0 {
-		return usersError(root, users)
-	}
-	return nil
+	return err
 }
 
 func usersError(root string, users []rootUser) error {
@@ -235,12 +214,17 @@ type mountKey struct {
 	root         string
 }
 
-// rootUsers returns the mounts, other than root's own, that use files under
-// root: overlays whose upperdir, workdir or lowerdirs are there, and bind
-// mounts of a directory there (a read-only view of one layer). Mounts at
-// or below root are not counted: those are the mapped parents and v/'s
-// bind mount, which purge unmounts, or the filesystem root lives on.
-func rootUsers(root string, mounts []*mountinfo.Info, ignore []mountKey) ([]rootUser, error) {
+// rootUsers lists the mounts and returns those, other than root's own, that
+// use files under root: overlays whose upperdir, workdir or lowerdirs are
+// there, and bind mounts of a directory there (a read-only view of one
+// layer). Mounts at or below root are not counted: those are the mapped
+// parents and v/'s bind mount, which purge unmounts, or the filesystem root
+// lives on.
+func rootUsers(root string, ignore []mountKey) ([]*mountinfo.Info, []rootUser, error) {
+	mounts, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("purge %q: list mounts: %w", root, err)
+	}
 	// Overlay options name the paths as the mounting process gave them,
 	// usually the configured root; mountinfo names the resolved one.
 	roots := []string{root}
@@ -259,7 +243,7 @@ func rootUsers(root string, mounts []*mountinfo.Info, ignore []mountKey) ([]root
 		}
 	}
 	if home == nil {
-		return nil, fmt.Errorf("purge %q: no mount holds it in /proc/self/mountinfo", root)
+		return nil, nil, fmt.Errorf("purge %q: no mount holds it in /proc/self/mountinfo", root)
 	}
 	rel, _ := filepath.Rel(home.Mountpoint, roots[len(roots)-1])
 	// root's directory inside its filesystem, as mountinfo's Root field
@@ -284,7 +268,7 @@ func rootUsers(root string, mounts []*mountinfo.Info, ignore []mountKey) ([]root
 			users = append(users, rootUser{Info: m, why: why})
 		}
 	}
-	return users, nil
+	return mounts, users, nil
 }
 
 // overlayUse says which of an overlay's directories lie under one of
@@ -301,17 +285,17 @@ func overlayUse(m *mountinfo.Info, roots []string) string {
 		switch key {
 		case "upperdir":
 			dirs, top = []string{value}, value
-		case "workdir", "lowerdir+", "datadir+":
+		case "workdir", "datadir+":
 			dirs = []string{value}
-		case "lowerdir":
-			dirs = splitLowerdir(value)
-		default:
-			continue
-		}
-		if key == "lowerdir" || key == "lowerdir+" {
+		case "lowerdir", "lowerdir+":
+			if dirs = []string{value}; key == "lowerdir" {
+				dirs = splitLowerdir(value)
+			}
 			if top == "" && len(dirs) > 0 {
 				top = dirs[0]
 			}
+		default:
+			continue
 		}
 		for _, d := range dirs {
 			if filepath.IsAbs(d) && underAny(d, roots) {
@@ -407,44 +391,31 @@ func podRootMounts(pids []int) ([]mountKey, error) {
 		}
 		parents[ppid] = true
 	}
-	procs, err := os.ReadDir("/proc")
+	procs, err := procfs.AllProcs()
 	if err != nil {
 		return nil, err
 	}
 	var keys []mountKey
 	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
 		// Processes come and go meanwhile: one that went has no root.
-		if ppid, err := parentPID(pid); err != nil || !parents[ppid] {
+		if st, err := p.Stat(); err != nil || !parents[st.PPID] {
 			continue
 		}
-		if k, ok := processRootMount(pid); ok {
+		if k, ok := processRootMount(p.PID); ok {
 			keys = append(keys, k)
 		}
 	}
 	return keys, nil
 }
 
-// parentPID reads PID's parent from /proc/PID/stat, whose second field,
-// the command in parentheses, may itself hold spaces and parentheses.
+// parentPID reads PID's parent from /proc/PID/stat.
 func parentPID(pid int) (int, error) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	s := string(data)
-	end := strings.LastIndexByte(s, ')')
-	if end < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected %q", pid, s)
-	}
-	fields := strings.Fields(s[end+1:])
-	if len(fields) < 2 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected %q", pid, s)
-	}
-	return strconv.Atoi(fields[1])
+	st, err := p.Stat()
+	return st.PPID, err
 }
 
 // processRootMount returns the mount that is PID's root directory, as its
@@ -464,38 +435,22 @@ func processRootMount(pid int) (mountKey, bool) {
 }
 
 func ignored(m *mountinfo.Info, ignore []mountKey) bool {
-	for _, k := range ignore {
-		if k.major == m.Major && k.minor == m.Minor && k.root == m.Root {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(ignore, mountKey{major: m.Major, minor: m.Minor, root: m.Root})
+}
+
+// under returns the absolute path relative to the absolute dir ("." for
+// dir itself) when path is dir or lies under it.
+func under(dir, path string) (string, bool) {
+	rel, err := filepath.Rel(dir, path)
+	return rel, err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // within reports whether path is dir or lies under it.
 func within(dir, path string) bool {
-	_, ok := strictlyUnder(path, dir)
-	return ok || filepath.Clean(path) == filepath.Clean(dir)
-}
-
-// strictlyUnder returns path relative to dir when it lies below dir.
-func strictlyUnder(path, dir string) (string, bool) {
-	dir, path = filepath.Clean(dir), filepath.Clean(path)
-	prefix := dir + "/"
-	if dir == "/" {
-		prefix = "/"
-	}
-	if path == dir || !strings.HasPrefix(path, prefix) {
-		return "", false
-	}
-	return strings.TrimPrefix(path, prefix), true
+	_, ok := under(dir, path)
+	return ok
 }
 
 func underAny(path string, dirs []string) bool {
-	for _, d := range dirs {
-		if within(d, path) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(dirs, func(d string) bool { return within(d, path) })
 }

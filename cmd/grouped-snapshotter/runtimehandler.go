@@ -13,6 +13,7 @@ package main
 // run the pod with another cgroup driver than the node's other pods.
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -82,9 +83,7 @@ func renderRuntimeHandler(dump []byte, name, snapshotter string) ([]byte, error)
 		return nil, fmt.Errorf("containerd's configuration has no [plugins.'%s'.containerd] table: is it containerd 2.x with CRI enabled? %w", criRuntimePlugin, errdefs.ErrFailedPrecondition)
 	}
 	defaultName, _ := cri["default_runtime_name"].(string)
-	if defaultName == "" {
-		defaultName = "runc"
-	}
+	defaultName = cmp.Or(defaultName, "runc")
 	runtimes, _ := table(cri, "runtimes")
 	base, ok := table(runtimes, defaultName)
 	switch {

@@ -48,17 +48,10 @@ func loadConfig(c *cli.Context) (config.Config, error) {
 			return cfg, err
 		}
 	}
-	if v := flagString(c, "root"); v != "" {
-		cfg.RootPath = v
-	}
-	if v := flagString(c, "address"); v != "" {
-		cfg.Address = v
-	}
-	if v := flagString(c, "log-level"); v != "" {
-		cfg.LogLevel = v
-	}
-	if v := flagString(c, "containerd-address"); v != "" {
-		cfg.ContainerdAddress = v
+	for name, field := range map[string]*string{"root": &cfg.RootPath, "address": &cfg.Address, "log-level": &cfg.LogLevel, "containerd-address": &cfg.ContainerdAddress} {
+		if v := flagString(c, name); v != "" {
+			*field = v
+		}
 	}
 	if flagIsSet(c, "metrics-address") {
 		cfg.MetricsAddress = flagString(c, "metrics-address")
@@ -70,13 +63,10 @@ func setupLogging(level, format string) error {
 	if err := log.SetLevel(level); err != nil {
 		return fmt.Errorf("log level %q: %w", level, err)
 	}
-	switch format {
-	case "text":
-		return log.SetFormat(log.TextFormat)
-	case "json":
-		return log.SetFormat(log.JSONFormat)
+	if err := log.SetFormat(log.OutputFormat(format)); err != nil {
+		return fmt.Errorf("log format %q must be text or json", format)
 	}
-	return fmt.Errorf("log format %q must be text or json", format)
+	return nil
 }
 
 // setGOMAXPROCS applies the configured GOMAXPROCS unless the environment
@@ -93,25 +83,22 @@ func setGOMAXPROCS(configured int, env string) (int, string) {
 	return runtime.GOMAXPROCS(0), "Go's default"
 }
 
-// daemonAdmin answers the admin CLI's questions about the running daemon.
-type daemonAdmin struct {
-	sn  *snapshot.Snapshotter
-	cfg config.Config
-}
-
-func (a daemonAdmin) Info(context.Context) (server.DaemonInfo, error) {
-	return server.DaemonInfo{Version: version, Root: a.cfg.RootPath, Address: a.cfg.Address, IDMap: string(a.sn.IDMapMode()), PID: os.Getpid()}, nil
-}
-func (a daemonAdmin) MappedParents(ctx context.Context) (any, error) {
-	ps, err := a.sn.MappedParents(ctx)
-	return ps, err
-}
-func (a daemonAdmin) Orphans(ctx context.Context) ([]string, error) { return a.sn.Orphans(ctx) }
-func (a daemonAdmin) RemoveOrphans(ctx context.Context) ([]string, error) {
-	return a.sn.RemoveOrphans(ctx)
-}
-func (a daemonAdmin) Unremovable(context.Context) (map[string]string, error) {
-	return a.sn.Unremovable(), nil
+// adminMethods answer the admin CLI's questions about the running daemon.
+func adminMethods(sn *snapshot.Snapshotter, cfg config.Config) map[string]server.AdminMethod {
+	m := map[string]server.AdminMethod{
+		"Info": func(context.Context) (any, error) {
+			return server.DaemonInfo{Version: version, Root: cfg.RootPath, Address: cfg.Address, IDMap: string(sn.IDMapMode()), PID: os.Getpid()}, nil
+		},
+		"MappedParents": func(ctx context.Context) (any, error) { return sn.MappedParents(ctx) },
+		"Orphans":       func(ctx context.Context) (any, error) { return sn.Orphans(ctx) },
+		"Unremovable":   func(context.Context) (any, error) { return sn.Unremovable(), nil },
+		// Cleanup reports what it removed.
+		"Cleanup": func(ctx context.Context) (any, error) { return sn.RemoveOrphans(ctx) },
+	}
+	// Views is MappedParents under its release-1 name, for CLIs of that
+	// release talking to this daemon during an upgrade.
+	m["Views"] = m["MappedParents"]
+	return m
 }
 
 // notify tells systemd about the daemon's state; outside systemd it does
@@ -179,7 +166,7 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, health := server.NewGRPCServer(m.Instrument(sn), daemonAdmin{sn: sn, cfg: cfg})
+	srv, health := server.NewGRPCServer(m.Instrument(sn), adminMethods(sn, cfg))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,16 +149,15 @@ func (c *Client) run(ctx context.Context) {
 				quick = 0
 			}
 		}
-		timer := time.NewTimer(wait)
+		// time.After's timer needs no Stop: since Go 1.23 a timer whose
+		// channel nobody waits on is dropped, as a stopped one is.
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
 		case <-created:
 			quick = firstRetry
-		case <-timer.C:
+		case <-time.After(wait):
 		}
-		timer.Stop()
 	}
 }
 
@@ -170,12 +170,12 @@ func (c *Client) session(ctx context.Context) (answered, listening bool) {
 	// daemon a few system calls, where a gRPC connection would start
 	// goroutines and timers for its own retries.
 	if err := probe(c.address); err != nil {
-		c.set(ctx, 0, 0, fmt.Errorf("no containerd answers at %q: %w: %w", c.address, errdefs.ErrUnavailable, err))
+		c.set(ctx, "", 0, 0, fmt.Errorf("no containerd answers at %q: %w: %w", c.address, errdefs.ErrUnavailable, err))
 		return false, false
 	}
 	conn, err := dial(c.address, c.idleTimeout)
 	if err != nil {
-		c.set(ctx, 0, 0, err)
+		c.set(ctx, "", 0, 0, err)
 		return false, true
 	}
 	defer conn.Close()
@@ -196,7 +196,7 @@ func (c *Client) session(ctx context.Context) (answered, listening bool) {
 			}
 			continue
 		case connectivity.TransientFailure:
-			c.set(ctx, 0, 0, fmt.Errorf("connection to containerd at %q failed: %w", c.address, errdefs.ErrUnavailable))
+			c.set(ctx, "", 0, 0, fmt.Errorf("connection to containerd at %q failed: %w", c.address, errdefs.ErrUnavailable))
 			return true, probe(c.address) == nil
 		case connectivity.Shutdown:
 			return true, false
@@ -233,18 +233,15 @@ func (c *Client) learn(ctx context.Context, conn *grpc.ClientConn) bool {
 		// Release's errors all say alike that containerd is away.
 		err = fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 	}
-	c.mu.Lock()
-	c.version = version
-	c.mu.Unlock()
-	c.set(ctx, major, minor, err)
+	c.set(ctx, version, major, minor, err)
 	return err == nil
 }
 
 // set records a release, or why it is not known, logging what changed.
-func (c *Client) set(ctx context.Context, major, minor int, err error) {
+func (c *Client) set(ctx context.Context, version string, major, minor int, err error) {
 	c.mu.Lock()
 	wasKnown, wasMajor, wasMinor := c.known, c.major, c.minor
-	c.major, c.minor, c.err, c.known = major, minor, err, err == nil
+	c.version, c.major, c.minor, c.err, c.known = version, major, minor, err, err == nil
 	switch {
 	case c.known && !wasKnown:
 		close(c.answered)
@@ -456,16 +453,6 @@ func (w *socketWatch) close() {
 	<-w.done
 }
 
-// Ask asks the containerd at address for its release once, waiting for it
-// to answer for a short while.
-func Ask(ctx context.Context, address string) (major, minor int, err error) {
-	version, err := AskVersion(ctx, address)
-	if err != nil {
-		return 0, 0, err
-	}
-	return Parse(version)
-}
-
 // AskVersion asks the containerd at address for its version string once,
 // waiting for it to answer for a short while.
 func AskVersion(ctx context.Context, address string) (string, error) {
@@ -499,35 +486,28 @@ func IdmapsPerLayer(version string) (bool, error) {
 		return false, err
 	}
 	patch := 0
-	s := strings.TrimPrefix(version, "v")
-	if parts := strings.SplitN(s, ".", 3); len(parts) == 3 {
-		digits := parts[2]
-		if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-			digits = digits[:i]
-		}
-		if patch, err = strconv.Atoi(digits); err != nil {
+	if p := versionPattern.FindStringSubmatch(version)[3]; p != "" {
+		if patch, err = strconv.Atoi(p[1:]); err != nil {
 			return false, fmt.Errorf("containerd version %q is not major.minor.patch: %w", version, errdefs.ErrInvalidArgument)
 		}
 	}
 	return major == 2 && (minor == 0 && patch < 7 || minor == 1 && patch < 5), nil
 }
 
+// versionPattern matches a containerd version string: major and minor,
+// then, if the version has a third part, "." and the digits it starts with.
+var versionPattern = regexp.MustCompile(`^v?(\d+)\.(\d+)[^.]*(\.\d*)?`)
+
 // Parse reads the major and minor release of a containerd version string:
 // "v2.4.2", "2.3.0-rc.1", "v2.2.0-12-gabcdef+unknown".
 func Parse(version string) (major, minor int, err error) {
-	s := strings.TrimPrefix(version, "v")
-	majorStr, rest, ok := strings.Cut(s, ".")
-	if !ok {
-		return 0, 0, fmt.Errorf("containerd version %q is not major.minor.patch: %w", version, errdefs.ErrInvalidArgument)
+	m := versionPattern.FindStringSubmatch(version)
+	if m != nil {
+		if major, err = strconv.Atoi(m[1]); err == nil {
+			minor, err = strconv.Atoi(m[2])
+		}
 	}
-	minorStr := rest
-	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		minorStr = rest[:i]
-	}
-	if major, err = strconv.Atoi(majorStr); err != nil {
-		return 0, 0, fmt.Errorf("containerd version %q is not major.minor.patch: %w", version, errdefs.ErrInvalidArgument)
-	}
-	if minor, err = strconv.Atoi(minorStr); err != nil {
+	if m == nil || err != nil {
 		return 0, 0, fmt.Errorf("containerd version %q is not major.minor.patch: %w", version, errdefs.ErrInvalidArgument)
 	}
 	return major, minor, nil
