@@ -295,9 +295,10 @@ func TestDocFiguresHeld(t *testing.T) {
 	for _, text := range docs {
 		checked += len(figures("", prose(text)))
 	}
-	// The documents quote well over a hundred figures, most of them held;
-	// far fewer would mean the extraction broke and checks nothing.
-	if checked < 50 {
+	// The documents' prose quotes a few dozen figures (the rest are in
+	// generated blocks); far fewer would mean the extraction broke and
+	// checks nothing (TestFigureCheckFinds tests it on known text).
+	if checked < 20 {
 		t.Fatalf("found only %d figures in %d documents: the extraction checks nothing", checked, len(docs))
 	}
 	bad, unused := unheldFigures(docs, heldTexts(t, root), allowedFigures)
