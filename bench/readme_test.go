@@ -249,8 +249,11 @@ func TestBenchREADMECurrent(t *testing.T) {
 			t.Errorf("%s differs from bench/results/%s and headline.json: run `make bench-readme`", doc, from)
 		}
 	}
-	want := map[string][]string{HeadlineBegin: {benchmarks}, InstallModesBegin: {benchmarks}}
-	for _, m := range []string{ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, FirstPodBegin, HandlerFreshBegin} {
+	// docs/benchmarks.md keeps the current figures; the full run's tables,
+	// the density tables and the CPU profiles are in their runs' reports
+	// (bench/results/*.md), which the page links.
+	want := map[string][]string{}
+	for _, m := range []string{HeadlineBegin, InstallModesBegin, MountLockBegin, FirstPodBegin, HandlerFreshBegin} {
 		want[m] = []string{benchmarks}
 	}
 	for _, docs := range blocks {
