@@ -2,8 +2,8 @@
 // saves against containerd's built-in overlayfs snapshotter, on real
 // containerd releases driven through the integration harness.
 //
-// The contenders are grouped-snapshotter with idmap = "mapped" (named
-// "grouped view" in the results, the mode's release-1 name), the same
+// The contenders are grouped-snapshotter with idmap = "mapped" (configured
+// by its release-1 name, which every build of an A/B reads), the same
 // daemon with idmap = "shim", and containerd's overlayfs. Each runs behind
 // its own private containerd of the same release, configured identically
 // but for the snapshotter, and every comparison runs the contenders

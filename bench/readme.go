@@ -145,7 +145,7 @@ func ReadmeHeadline(res *Results) string {
 	default:
 		pairs = fmt.Sprintf(", %d–%d interleaved pairs per ratio", minN, maxN)
 	}
-	fmt.Fprintf(&b, "\n%s: %s, %s, %d cores, %s%s.%s Times are grouped-snapshotter (`idmap = \"mapped\"` unless the row says otherwise) ÷ containerd's built-in overlayfs, ratio of medians with a bootstrap 95%% interval: under 1.00 is faster.\n\n",
+	fmt.Fprintf(&b, "\n%s: %s, %s, %d cores, %s%s.%s Times are grouped-snapshotter (`idmap = \"mapped\"`, configured by its release-1 name, unless the row says otherwise) ÷ containerd's built-in overlayfs, ratio of medians with a bootstrap 95%% interval: under 1.00 is faster.\n\n",
 		runLabel(res), res.Started.UTC().Format("2006-01-02"), m.CPU, m.Cores, m.TempFS, pairs, quiet)
 	b.WriteString(rows.String())
 	b.WriteString("\n")
