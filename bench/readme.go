@@ -48,7 +48,6 @@ func UpdateReadmeBlocks(doc []byte, res *Results, keep func(begin string) bool) 
 		{ReadmeBegin, ReadmeEnd, ReadmeTables},
 		{HeadlineBegin, HeadlineEnd, ReadmeHeadline},
 		{DensityBegin, DensityEnd, func(res *Results) string { return DensityTables(res.densitySource()) }},
-		{CPUSharesBegin, CPUSharesEnd, CPUShares},
 		{MountLockBegin, MountLockEnd, MountLock},
 		{InstallModesBegin, InstallModesEnd, InstallModes},
 		{ProfileBegin, ProfileEnd, PullProfiles},

@@ -221,7 +221,7 @@ func TestBenchREADMECurrent(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, CPUSharesBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin, FirstPodBegin, HandlerFreshBegin} {
+		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin, FirstPodBegin, HandlerFreshBegin} {
 			if strings.Contains(string(old), marker) {
 				blocks[marker] = append(blocks[marker], doc)
 			}
