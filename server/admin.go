@@ -60,8 +60,5 @@ func CallAdmin(ctx context.Context, conn grpc.ClientConnInterface, method string
 	if err := conn.Invoke(ctx, "/"+AdminService+"/"+method, &emptypb.Empty{}, reply); err != nil {
 		return err
 	}
-	if out == nil {
-		return nil
-	}
 	return json.Unmarshal(reply.GetValue(), out)
 }

@@ -1,5 +1,6 @@
 // Package server serves a snapshots.Snapshotter over containerd's snapshots
-// gRPC API on a unix socket, the way containerd's proxy_plugins expect.
+// gRPC API on a unix socket, the way containerd's proxy_plugins expect, and
+// the daemon's HTTP endpoints (metrics, profiles).
 package server
 
 import (
@@ -7,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -82,6 +85,37 @@ func removeStaleSocket(address string) error {
 	return nil
 }
 
+// ServeHTTP serves handler on address, "host:port" or "unix:///path" (a
+// unix socket under Listen's rules: 0600, a stale socket replaced, a live
+// one or any other file refused), until ctx ends. what names the endpoint
+// in errors and logs.
+func ServeHTTP(ctx context.Context, address, what string, handler http.Handler) error {
+	l, err := listenHTTP(address)
+	if err != nil {
+		return fmt.Errorf("%s address %q: %w", what, address, err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.G(ctx).WithError(err).Errorf("%s server stopped", what)
+		}
+	}()
+	return nil
+}
+
+func listenHTTP(address string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(address, "unix://"); ok {
+		return Listen(path)
+	}
+	return net.Listen("tcp", address)
+}
+
 // NewGRPCServer returns a gRPC server with sn registered as containerd's
 // snapshots service, the standard health service (NOT_SERVING until the
 // caller marks it serving) and, when admin is not nil, the admin service
@@ -106,16 +140,10 @@ func NewGRPCServer(sn snapshots.Snapshotter, admin map[string]AdminMethod) (*grp
 
 // Shutdown lets in-flight calls finish, up to timeout, then stops srv.
 func Shutdown(ctx context.Context, srv *grpc.Server, timeout time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(timeout):
+	force := time.AfterFunc(timeout, func() {
 		log.G(ctx).WithField("timeout", timeout).Warn("in-flight calls did not finish in time; stopping")
 		srv.Stop()
-		<-done
-	}
+	})
+	defer force.Stop()
+	srv.GracefulStop() // a concurrent Stop makes it return at once
 }

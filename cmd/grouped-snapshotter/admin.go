@@ -4,11 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/pelletier/go-toml/v2"
@@ -79,15 +79,11 @@ func lsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if c.Bool("json") {
-				return printJSON(rows)
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAMESPACE\tKEY\tKIND\tPARENT\tLAYERS\tSIZE")
-			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.Namespace, r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
-			}
-			return w.Flush()
+			return printTable(c, rows, "NAMESPACE\tKEY\tKIND\tPARENT\tLAYERS\tSIZE", func(w io.Writer) {
+				for _, r := range rows {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.Namespace, r.Key, r.Kind, r.Parent, r.Layers, humanBytes(r.Size))
+				}
+			})
 		}),
 	}
 }
@@ -115,16 +111,12 @@ func usageCommand() *cli.Command {
 				rep.Bytes[r.Kind] += r.Size
 				rep.Total += r.Size
 			}
-			if c.Bool("json") {
-				return printJSON(rep)
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "KIND\tSNAPSHOTS\tSIZE")
-			for _, k := range []string{"Committed", "Active", "View"} {
-				fmt.Fprintf(w, "%s\t%d\t%s\n", k, rep.Snapshots[k], humanBytes(rep.Bytes[k]))
-			}
-			fmt.Fprintf(w, "total\t%d\t%s\n", len(rows), humanBytes(rep.Total))
-			return w.Flush()
+			return printTable(c, rep, "KIND\tSNAPSHOTS\tSIZE", func(w io.Writer) {
+				for _, k := range []string{"Committed", "Active", "View"} {
+					fmt.Fprintf(w, "%s\t%d\t%s\n", k, rep.Snapshots[k], humanBytes(rep.Bytes[k]))
+				}
+				fmt.Fprintf(w, "total\t%d\t%s\n", len(rows), humanBytes(rep.Total))
+			})
 		}),
 	}
 }
@@ -141,18 +133,14 @@ func mappedParentsCommand() *cli.Command {
 			if err := server.CallAdmin(c.Context, d.conn, "MappedParents", &parents); err != nil {
 				return fmt.Errorf("list mapped parents: %w", err)
 			}
-			if c.Bool("json") {
-				if parents == nil {
-					parents = []snapshot.MappedParent{}
+			if parents == nil {
+				parents = []snapshot.MappedParent{} // --json prints [], not null
+			}
+			return printTable(c, parents, "NAME\tUIDMAP\tGIDMAP\tUSERS\tMOUNTPOINT\tMOUNTED", func(w io.Writer) {
+				for _, p := range parents {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", p.Name, p.UIDMap, p.GIDMap, p.Users, p.Path, p.Mounted)
 				}
-				return printJSON(parents)
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tUIDMAP\tGIDMAP\tUSERS\tMOUNTPOINT\tMOUNTED")
-			for _, p := range parents {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\n", p.Name, p.UIDMap, p.GIDMap, p.Users, p.Path, p.Mounted)
-			}
-			return w.Flush()
+			})
 		}),
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 
@@ -37,13 +36,7 @@ func checkCommand() *cli.Command {
 				ContainerdAddress: c.String("containerd-address"),
 				ContainerdConfig:  c.String("containerd-config"),
 				MinFreeBytes:      2 << 30,
-				DaemonAnswers: func(ctx context.Context, address string) error {
-					d, err := dialAddress(ctx, address)
-					if err != nil {
-						return err
-					}
-					return d.Close()
-				},
+				DaemonAnswers:     daemonAnswers,
 			})
 			for _, msg := range cfg.Deprecations() {
 				results = append(results, preflight.Result{Name: "config", Status: preflight.Warn, Detail: msg})

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"text/tabwriter"
 	"time"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -56,6 +58,15 @@ func dialAddress(ctx context.Context, address string) (*daemonClient, error) {
 	return &daemonClient{address: address, conn: conn}, nil
 }
 
+// daemonAnswers returns nil when a daemon serves at address, else why not.
+func daemonAnswers(ctx context.Context, address string) error {
+	d, err := dialAddress(ctx, address)
+	if err != nil {
+		return err
+	}
+	return d.Close()
+}
+
 // withDaemon runs fn with a connection to the daemon, closed afterwards.
 func withDaemon(fn func(c *cli.Context, d *daemonClient) error) cli.ActionFunc {
 	return func(c *cli.Context) error {
@@ -73,6 +84,18 @@ func (d *daemonClient) snapshotter() snapshots.Snapshotter {
 }
 
 func (d *daemonClient) Close() error { return d.conn.Close() }
+
+// printTable prints v as JSON with --json, else a table: header, then the
+// lines rows writes, their tab-separated columns aligned.
+func printTable(c *cli.Context, v any, header string, rows func(w io.Writer)) error {
+	if c.Bool("json") {
+		return printJSON(v)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	rows(w)
+	return w.Flush()
+}
 
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)

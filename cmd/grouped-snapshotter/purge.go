@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -40,22 +39,23 @@ func purgeCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			// loadConfig has checked that the root is an absolute path.
+			root := filepath.Clean(cfg.RootPath)
 			ignore, err := podRootMounts(c.IntSlice("ignore-pod-of"))
 			if err != nil {
-				return fmt.Errorf("purge %q: %w", cfg.RootPath, err)
+				return fmt.Errorf("purge %q: %w", root, err)
 			}
 			if c.Bool("check") {
-				if err := checkRootUnused(cfg.RootPath, ignore); err != nil {
+				if err := checkRootUnused(root, ignore); err != nil {
 					return err
 				}
-				fmt.Printf("no mount uses files under %s\n", cfg.RootPath)
+				fmt.Printf("no mount uses files under %s\n", root)
 				return nil
 			}
-			if d, err := dialAddress(c.Context, cfg.Address); err == nil {
-				d.Close()
-				return fmt.Errorf("purge %q: a daemon answers on %q; stop it first", cfg.RootPath, cfg.Address)
+			if daemonAnswers(c.Context, cfg.Address) == nil {
+				return fmt.Errorf("purge %q: a daemon answers on %q; stop it first", root, cfg.Address)
 			}
-			res, err := purgeRoot(cfg.RootPath, c.Bool("force"), ignore)
+			res, err := purgeRoot(root, c.Bool("force"), ignore)
 			if err != nil {
 				return err
 			}
@@ -64,11 +64,11 @@ func purgeCommand() *cli.Command {
 			}
 			switch {
 			case !res.removed:
-				fmt.Printf("nothing to purge: %s does not exist\n", cfg.RootPath)
+				fmt.Printf("nothing to purge: %s does not exist\n", root)
 			case res.emptied:
-				fmt.Printf("purged %s: it is a mount point, so it was emptied and its mount left in place\n", cfg.RootPath)
+				fmt.Printf("purged %s: it is a mount point, so it was emptied and its mount left in place\n", root)
 			default:
-				fmt.Printf("purged %s\n", cfg.RootPath)
+				fmt.Printf("purged %s\n", root)
 			}
 			return nil
 		},
@@ -85,20 +85,16 @@ type purgeResult struct {
 	dangling []rootUser
 }
 
-// purgeRoot unmounts every mount strictly under root and removes root's
-// files: root itself too, unless it is a mount point (an operator's disk),
-// which is emptied and left mounted. It refuses a directory that is not a
-// snapshotter root, one whose metadata another process holds open (bbolt
-// keeps an flock on it), and, unless forced, a root whose files a mount
-// outside it uses: a container's root filesystem would go on running on
-// deleted directories. A refusal changes nothing. The mounts of ignore
-// (podRootMounts) do not count as users.
+// purgeRoot unmounts every mount strictly under root, an absolute path,
+// and removes root's files: root itself too, unless it is a mount point
+// (an operator's disk), which is emptied and left mounted. It refuses a
+// directory that is not a snapshotter root, one whose metadata another
+// process holds open (bbolt keeps an flock on it), and, unless forced, a
+// root whose files a mount outside it uses: a container's root filesystem
+// would go on running on deleted directories. A refusal changes nothing.
+// The mounts of ignore (podRootMounts) do not count as users.
 func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) {
 	var res purgeResult
-	root, err := filepath.Abs(root)
-	if err != nil {
-		return res, fmt.Errorf("purge %q: %w", root, err)
-	}
 	meta := filepath.Join(root, "metadata.db")
 	f, err := os.Open(meta)
 	switch {
@@ -121,7 +117,7 @@ func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) 
 	}
 	// Checked with the lock held: no daemon can mount anything new from
 	// here on (containerd's shim mounts only what a daemon returned).
-	mounts, users, err := rootUsers(root, ignore)
+	users, err := rootUsers(root, ignore)
 	if err != nil {
 		return res, err
 	}
@@ -135,38 +131,29 @@ func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) 
 		}
 	}
 
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return res, fmt.Errorf("purge %q: %w", root, err)
+	}
 	// Only mounts strictly below the root are purge's: the mapped parents
 	// and v/'s bind mount. UnmountAll(root) would also take a mount AT the
 	// root, detaching an operator's disk and leaving its data behind.
-	below := map[string]bool{}
-	for _, m := range mounts {
-		if rel, ok := under(root, m.Mountpoint); ok && rel != "." {
-			below[filepath.Join(root, strings.SplitN(rel, "/", 2)[0])] = true
-		}
-	}
-	for _, dir := range slices.Sorted(maps.Keys(below)) {
-		if _, err := mountgroup.UnmountAll(dir); err != nil {
+	for _, e := range entries {
+		if _, err := mountgroup.UnmountAll(filepath.Join(root, e.Name())); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
 	}
-
 	isMount, err := mountinfo.Mounted(root)
 	if err != nil {
 		return res, fmt.Errorf("purge %q: is it a mount point: %w", root, err)
 	}
-	doomed := []string{root}
-	if isMount {
-		entries, err := os.ReadDir(root)
-		if err != nil {
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
-		doomed = doomed[:0]
-		for _, e := range entries {
-			doomed = append(doomed, filepath.Join(root, e.Name()))
-		}
 	}
-	for _, p := range doomed {
-		if err := os.RemoveAll(p); err != nil {
+	if !isMount {
+		if err := os.Remove(root); err != nil {
 			return res, fmt.Errorf("purge %q: %w", root, err)
 		}
 	}
@@ -178,14 +165,10 @@ func purgeRoot(root string, force bool, ignore []mountKey) (purgeResult, error) 
 // the mounts, without the daemon's lock, so an uninstall can ask before it
 // stops anything.
 func checkRootUnused(root string, ignore []mountKey) error {
-	root, err := filepath.Abs(root)
-	if err != nil {
-		return fmt.Errorf("purge %q: %w", root, err)
-	}
 	if _, err := os.Stat(root); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	_, users, err := rootUsers(root, ignore)
+	users, err := rootUsers(root, ignore)
 	if err == nil && len(users) > 0 {
 		err = usersError(root, users)
 	}
@@ -214,38 +197,34 @@ type mountKey struct {
 	root         string
 }
 
-// rootUsers lists the mounts and returns those, other than root's own, that
-// use files under root: overlays whose upperdir, workdir or lowerdirs are
-// there, and bind mounts of a directory there (a read-only view of one
-// layer). Mounts at or below root are not counted: those are the mapped
-// parents and v/'s bind mount, which purge unmounts, or the filesystem root
-// lives on.
-func rootUsers(root string, ignore []mountKey) ([]*mountinfo.Info, []rootUser, error) {
+// rootUsers returns the mounts, other than root's own, that use files
+// under root: overlays whose upperdir, workdir or lowerdirs are there, and
+// bind mounts of a directory there (a read-only view of one layer). Mounts
+// at or below root are not counted: those are the mapped parents and v/'s
+// bind mount, which purge unmounts, or the filesystem root lives on.
+func rootUsers(root string, ignore []mountKey) ([]rootUser, error) {
 	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("purge %q: list mounts: %w", root, err)
+		return nil, fmt.Errorf("purge %q: list mounts: %w", root, err)
 	}
 	// Overlay options name the paths as the mounting process gave them,
 	// usually the configured root; mountinfo names the resolved one.
-	roots := []string{root}
-	if real, err := filepath.EvalSymlinks(root); err == nil && real != root {
-		roots = append(roots, real)
+	roots, real := []string{root}, root
+	if r, err := filepath.EvalSymlinks(root); err == nil && r != root {
+		roots, real = append(roots, r), r
 	}
 	// The mount root lives on: the deepest at or above it, the last
 	// (topmost) of those stacked there.
 	var home *mountinfo.Info
 	for _, m := range mounts {
-		if !within(m.Mountpoint, roots[len(roots)-1]) {
-			continue
-		}
-		if home == nil || len(m.Mountpoint) >= len(home.Mountpoint) {
+		if within(m.Mountpoint, real) && (home == nil || len(m.Mountpoint) >= len(home.Mountpoint)) {
 			home = m
 		}
 	}
 	if home == nil {
-		return nil, nil, fmt.Errorf("purge %q: no mount holds it in /proc/self/mountinfo", root)
+		return nil, fmt.Errorf("purge %q: no mount holds it in /proc/self/mountinfo", root)
 	}
-	rel, _ := filepath.Rel(home.Mountpoint, roots[len(roots)-1])
+	rel, _ := filepath.Rel(home.Mountpoint, real)
 	// root's directory inside its filesystem, as mountinfo's Root field
 	// names the directory a bind mount shows.
 	inFS := filepath.Join(home.Root, rel)
@@ -260,7 +239,7 @@ func rootUsers(root string, ignore []mountKey) ([]*mountinfo.Info, []rootUser, e
 			!within(filepath.Join(inFS, "v"), m.Root):
 			// v/ holds only mount points: a bind of it (a propagated copy
 			// of v/'s own bind mount) shows no snapshot's files.
-			why = "a bind mount of " + filepath.Join(roots[len(roots)-1], strings.TrimPrefix(m.Root, inFS))
+			why = "a bind mount of " + filepath.Join(real, strings.TrimPrefix(m.Root, inFS))
 		case m.FSType == "overlay":
 			why = overlayUse(m, roots)
 		}
@@ -268,7 +247,7 @@ func rootUsers(root string, ignore []mountKey) ([]*mountinfo.Info, []rootUser, e
 			users = append(users, rootUser{Info: m, why: why})
 		}
 	}
-	return mounts, users, nil
+	return users, nil
 }
 
 // overlayUse says which of an overlay's directories lie under one of
@@ -438,17 +417,10 @@ func ignored(m *mountinfo.Info, ignore []mountKey) bool {
 	return slices.Contains(ignore, mountKey{major: m.Major, minor: m.Minor, root: m.Root})
 }
 
-// under returns the absolute path relative to the absolute dir ("." for
-// dir itself) when path is dir or lies under it.
-func under(dir, path string) (string, bool) {
-	rel, err := filepath.Rel(dir, path)
-	return rel, err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
-}
-
-// within reports whether path is dir or lies under it.
+// within reports whether the absolute path is dir or lies under it.
 func within(dir, path string) bool {
-	_, ok := under(dir, path)
-	return ok
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 func underAny(path string, dirs []string) bool {
