@@ -22,8 +22,7 @@ import (
 
 // daemonClient is a connection to a running daemon.
 type daemonClient struct {
-	address string
-	conn    *grpc.ClientConn
+	conn *grpc.ClientConn
 }
 
 // dial connects to the daemon named by --address or the config file and
@@ -55,7 +54,7 @@ func dialAddress(ctx context.Context, address string) (*daemonClient, error) {
 		conn.Close()
 		return nil, fmt.Errorf("daemon at %q is %s", address, resp.GetStatus())
 	}
-	return &daemonClient{address: address, conn: conn}, nil
+	return &daemonClient{conn: conn}, nil
 }
 
 // daemonAnswers returns nil when a daemon serves at address, else why not.
