@@ -194,12 +194,7 @@ func configCommand() *cli.Command {
 			Name:  "default",
 			Usage: "print the built-in default configuration as TOML",
 			Action: func(c *cli.Context) error {
-				out, err := toml.Marshal(config.DefaultConfig())
-				if err != nil {
-					return err
-				}
-				_, err = os.Stdout.Write(out)
-				return err
+				return toml.NewEncoder(os.Stdout).Encode(config.DefaultConfig())
 			},
 		}},
 	}
