@@ -142,21 +142,19 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 	if p.first == len(chain) {
 		return p, nil
 	}
-	return p, r.sourceDirs(ctx, p.layers, p.first)
+	return p, r.sourceDirs(ctx, p.layers, chain, p.first)
 }
 
-// sourceDirs sets the source directory of layers[first:] from a temporary
-// view of the top layer (its mount lists every layer's directory), and
-// refuses an incomplete chain and a layer with a mount on it.
-func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error {
-	top := layers[len(layers)-1].chainID
+// sourceDirs sets the source directory of layers[first:] (chain holds
+// their chain IDs) from a temporary view of the top layer (its mount lists
+// every layer's directory), and refuses an incomplete chain and a layer
+// with a mount on it.
+func (r *run) sourceDirs(ctx context.Context, layers []*layer, chain []digest.Digest, first int) error {
+	top := chain[len(chain)-1]
 	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), top.Encoded()[:12])
 	mounts, err := r.from.View(ctx, key, top.String())
 	if errdefs.IsNotFound(err) {
-		have := sort.Search(len(layers), func(i int) bool {
-			_, err := r.from.Stat(ctx, layers[i].chainID.String())
-			return err != nil
-		})
+		have, _ := committedPrefix(ctx, r.from, chain) // a layer it cannot stat counts as missing
 		if have == 0 {
 			return skipError{"not unpacked in " + r.opts.From}
 		} else if have < len(layers) {
