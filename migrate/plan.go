@@ -7,13 +7,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
@@ -151,8 +149,7 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 // with a mount on it.
 func (r *run) sourceDirs(ctx context.Context, layers []*layer, chain []digest.Digest, first int) error {
 	top := chain[len(chain)-1]
-	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), top.Encoded()[:12])
-	mounts, err := r.from.View(ctx, key, top.String())
+	dirs, err := r.viewDirs(ctx, top.String(), len(chain))
 	if errdefs.IsNotFound(err) {
 		have, _ := committedPrefix(ctx, r.from, chain) // a layer it cannot stat counts as missing
 		if have == 0 {
@@ -163,19 +160,7 @@ func (r *run) sourceDirs(ctx context.Context, layers []*layer, chain []digest.Di
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("view %s in %s: %w", top, r.opts.From, err)
-	}
-	defer func() {
-		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil {
-			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the temporary view; the next run removes it")
-		}
-	}()
-	_, dirs, err := mountDirs(mounts)
-	if err == nil && len(dirs) != len(layers) {
-		err = fmt.Errorf("%d layer directories for %d layers: %w", len(dirs), len(layers), errdefs.ErrFailedPrecondition)
-	}
-	if err != nil {
-		return fmt.Errorf("view of %s in %s: %w", top, r.opts.From, err)
+		return err
 	}
 	moving := map[string]int{} // directory -> layer index
 	for i := first; i < len(layers); i++ {
