@@ -123,15 +123,14 @@ func Failed(results []Result) bool {
 
 func checkUserNamespaces(r *report) {
 	data, err := os.ReadFile("/proc/sys/user/max_user_namespaces")
-	if err != nil {
+	switch limit := strings.TrimSpace(string(data)); {
+	case err != nil:
 		r.add("user-namespaces", Fail, "cannot read /proc/sys/user/max_user_namespaces: %v", err)
-		return
-	}
-	if strings.TrimSpace(string(data)) == "0" {
+	case limit == "0":
 		r.add("user-namespaces", Fail, "user.max_user_namespaces is 0: user-namespaced pods cannot start")
-		return
+	default:
+		r.add("user-namespaces", OK, "user.max_user_namespaces = %s", limit)
 	}
-	r.add("user-namespaces", OK, "user.max_user_namespaces = %s", strings.TrimSpace(string(data)))
 }
 
 var fsNames = map[int64]string{
@@ -183,15 +182,14 @@ func checkRootFilesystem(o Options, r *report) {
 
 func checkCgroups(r *report) {
 	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+	switch err := unix.Statfs("/sys/fs/cgroup", &st); {
+	case err != nil:
 		r.add("cgroups", Warn, "statfs /sys/fs/cgroup: %v", err)
-		return
-	}
-	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+	case st.Type == unix.CGROUP2_SUPER_MAGIC:
 		r.add("cgroups", OK, "cgroup v2")
-		return
+	default:
+		r.add("cgroups", Warn, "cgroup v1: Kubernetes 1.35+ refuses cgroup v1 nodes unless the kubelet sets failCgroupV1: false")
 	}
-	r.add("cgroups", Warn, "cgroup v1: Kubernetes 1.35+ refuses cgroup v1 nodes unless the kubelet sets failCgroupV1: false")
 }
 
 func bytesString(n uint64) string {
