@@ -96,8 +96,8 @@ type run struct {
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.
-// The caller keeps two runs against one namespace apart (the command holds
-// a file lock): each would remove the other's snapshots as stale.
+// The caller keeps two runs against one namespace apart with Lock: each
+// would remove the other's snapshots as stale.
 func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retErr error) {
 	if opts.Namespace == "" || opts.From == "" || opts.To == "" || opts.From == opts.To {
 		return sum, fmt.Errorf("migrate needs a namespace and two different snapshotters (from %q to %q): %w", opts.From, opts.To, errdefs.ErrInvalidArgument)
