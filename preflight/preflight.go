@@ -76,30 +76,7 @@ func Run(ctx context.Context, o Options) []Result {
 		r.add("overlayfs", OK, "kernel has overlayfs")
 	}
 	if probeErr == nil {
-		if err := probes.Lowerdirs; err != "" {
-			r.add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
-		} else {
-			r.add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
-		}
-		switch err := probes.IDMapped; {
-		case err == "":
-			r.add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
-		case o.IDMap != "shim":
-			r.add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
-		default:
-			r.add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
-		}
-		// What containers need is the combination: an overlay whose lowers
-		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
-		// "shim" containerd's shim builds the same overlay).
-		switch err := probes.OverlayIDMapped; {
-		case err == "":
-			r.add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
-		case o.IDMap != "shim":
-			r.add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
-		default:
-			r.add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
-		}
+		checkProbes(o, probes, &r)
 	}
 	checkUserNamespaces(&r)
 	checkRootFilesystem(o, &r)
@@ -119,6 +96,34 @@ func Run(ctx context.Context, o Options) []Result {
 // Failed reports whether any result failed.
 func Failed(results []Result) bool {
 	return slices.ContainsFunc(results, func(r Result) bool { return r.Status == Fail })
+}
+
+// checkProbes reports the outcome of the mounting probes.
+func checkProbes(o Options, probes probeOutcome, r *report) {
+	if err := probes.Lowerdirs; err != "" {
+		r.add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
+	} else {
+		r.add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
+	}
+	switch err := probes.IDMapped; {
+	case err == "":
+		r.add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
+	case o.IDMap != "shim":
+		r.add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
+	default:
+		r.add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
+	}
+	// What containers need is the combination: an overlay whose lowers
+	// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
+	// "shim" containerd's shim builds the same overlay).
+	switch err := probes.OverlayIDMapped; {
+	case err == "":
+		r.add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
+	case o.IDMap != "shim":
+		r.add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
+	default:
+		r.add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
+	}
 }
 
 func checkUserNamespaces(r *report) {
