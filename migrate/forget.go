@@ -92,11 +92,11 @@ func forgetIn(ctx context.Context, c *client.Client, snapshotter string) (Forget
 	return r, nil
 }
 
-// forgetOrder returns the snapshots of parent (key to parent key) to remove, in an
-// order containerd accepts (children before their parent), and the ones
-// kept, sorted: the snapshots of inUse (containers' keys) and their chains,
-// since removing them would take the root filesystem of a container that
-// may still run.
+// forgetOrder returns the snapshots of parent (key to parent key) to
+// remove, in an order containerd accepts (children before their parent),
+// and the ones kept, sorted: the snapshots of inUse (containers' keys) and
+// their chains, since removing them would take the root filesystem of a
+// container that may still run.
 func forgetOrder(parent map[string]string, inUse []string) (order, kept []string) {
 	children := map[string]int{}
 	for _, p := range parent {
@@ -133,15 +133,15 @@ func forgetOrder(parent map[string]string, inUse []string) (order, kept []string
 	return order, slices.Sorted(maps.Keys(keep))
 }
 
-// ForgetStale removes containerd's records of snapshotter's snapshots that the
-// snapshotter no longer has, in every namespace. Forget keeps the
-// records of containers that still run, and the purge that follows
-// deletes their snapshots: containerd, which no longer loads the
-// snapshotter when those containers go, keeps the records, and a later
-// install meets them (an unpack of the same layer is refused, "target
-// snapshot already exists"). containerd lists no such record (its Walk
-// skips what the snapshotter lacks), so the keys come from what names
-// them: containers' snapshot keys and the chain IDs of images' layers.
+// ForgetStale removes containerd's records of snapshotter's snapshots that
+// the snapshotter no longer has, in every namespace. Forget keeps the
+// records of containers that still run, and the purge that follows deletes
+// their snapshots: containerd, which no longer loads the snapshotter when
+// those containers go, keeps the records, and a later install meets them
+// (an unpack of the same layer is refused, "target snapshot already
+// exists"). containerd lists no such record (its Walk skips what the
+// snapshotter lacks), so the keys come from what names them: containers'
+// snapshot keys and the chain IDs of images' layers.
 func ForgetStale(ctx context.Context, c *client.Client, snapshotter string) ([]ForgetResult, error) {
 	return eachNamespace(ctx, c, "forget "+snapshotter+"'s stale records", func(ctx context.Context, ns string) (ForgetResult, error) {
 		return staleIn(ctx, c, snapshotter, ns)
