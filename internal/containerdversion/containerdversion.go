@@ -284,10 +284,7 @@ func (c *Client) Answering(ctx context.Context) error {
 func (c *Client) Version() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
-		return "", c.err
-	}
-	return c.version, nil
+	return c.version, c.err
 }
 
 // Close stops learning and closes the connection.
