@@ -6,7 +6,6 @@ package metrics
 
 import (
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
@@ -31,9 +30,7 @@ type Metrics struct {
 	latency   *prometheus.HistogramVec
 	layers    prometheus.Histogram
 	lowerdirs prometheus.Histogram
-
-	borrowOnce sync.Once
-	borrowed   *prometheus.CounterVec
+	borrowed  *prometheus.CounterVec
 }
 
 // New registers the metrics of sn in a new registry.
@@ -58,8 +55,13 @@ func New(sn *snapshot.Snapshotter) *Metrics {
 			Namespace: namespace, Name: "mount_lowerdir_bytes", Help: "Bytes of the lowerdir option per returned mount, as the shim passes it to the kernel.",
 			Buckets: []float64{64, 256, 512, 1024, 2048, 3072, 3584, 4095},
 		}),
+		// Exported once a layer is borrowed: a vector without values is not.
+		borrowed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "borrowed_bytes_total",
+			Help: "Bytes of regular files of layers made from another snapshotter's (borrow_from), by how: linked (shared with it) or copied.",
+		}, []string{"how"}),
 	}
-	m.Registry.MustRegister(m.ops, m.errs, m.latency, m.layers, m.lowerdirs,
+	m.Registry.MustRegister(m.ops, m.errs, m.latency, m.layers, m.lowerdirs, m.borrowed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Name: "mount_syscalls_total",
@@ -86,13 +88,6 @@ func (m *Metrics) WatchContainerd(version func() (string, error)) {
 // copy means the roots are on different filesystems and the node keeps the
 // layers twice.
 func (m *Metrics) Borrowed(_ string, linked, copied int64) {
-	m.borrowOnce.Do(func() {
-		m.borrowed = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Name: "borrowed_bytes_total",
-			Help: "Bytes of regular files of layers made from another snapshotter's (borrow_from), by how: linked (shared with it) or copied.",
-		}, []string{"how"})
-		m.Registry.MustRegister(m.borrowed)
-	})
 	m.borrowed.WithLabelValues("linked").Add(float64(linked))
 	m.borrowed.WithLabelValues("copied").Add(float64(copied))
 }

@@ -47,32 +47,26 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kinds := map[snapshots.Kind]float64{snapshots.KindActive: 0, snapshots.KindView: 0, snapshots.KindCommitted: 0}
-	var committed, active []string
+	// Every kind is exported, 0 when there is none of it.
+	names := map[snapshots.Kind][]string{snapshots.KindActive: nil, snapshots.KindView: nil, snapshots.KindCommitted: nil}
 	err := c.sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-		kinds[info.Kind]++
-		switch info.Kind {
-		case snapshots.KindCommitted:
-			committed = append(committed, info.Name)
-		case snapshots.KindActive:
-			active = append(active, info.Name)
-		}
+		names[info.Kind] = append(names[info.Kind], info.Name)
 		return nil
 	})
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("metrics: walk snapshots")
 	}
-	for k, n := range kinds {
-		ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, n, k.String())
+	for k, ns := range names {
+		ch <- prometheus.MustNewConstMetric(snapshotsDesc, prometheus.GaugeValue, float64(len(ns)), k.String())
 	}
 	var bytes float64
-	for _, name := range committed {
+	for _, name := range names[snapshots.KindCommitted] {
 		if u, err := c.sn.Usage(ctx, name); err == nil {
 			bytes += float64(u.Size)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(diskDesc, prometheus.GaugeValue, bytes)
-	for _, name := range active {
+	for _, name := range names[snapshots.KindActive] {
 		u, err := c.sn.Usage(ctx, name)
 		if err != nil {
 			continue // removed meanwhile

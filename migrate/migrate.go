@@ -20,6 +20,8 @@ package migrate
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -35,6 +37,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -93,8 +96,8 @@ type run struct {
 }
 
 // Run moves the selected images' layers from Options.From to Options.To.
-// The caller keeps two runs against one namespace apart (the command holds
-// a file lock): each would remove the other's snapshots as stale.
+// The caller keeps two runs against one namespace apart with Lock: each
+// would remove the other's snapshots as stale.
 func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retErr error) {
 	if opts.Namespace == "" || opts.From == "" || opts.To == "" || opts.From == opts.To {
 		return sum, fmt.Errorf("migrate needs a namespace and two different snapshotters (from %q to %q): %w", opts.From, opts.To, errdefs.ErrInvalidArgument)
@@ -158,6 +161,28 @@ func Run(ctx context.Context, c *client.Client, opts Options) (sum Summary, retE
 		}
 	}
 	return sum, nil
+}
+
+// Lock takes the lock that keeps two runs against one containerd
+// namespace apart, and a run and a Borrower (each would remove the other's
+// snapshots as stale): a flock on a file in dir named after the address
+// and namespace. The file stays: a lock file never removed needs no check
+// that its name still leads to the file locked.
+func Lock(dir, address, namespace string) (func(), error) {
+	sum := sha256.Sum256([]byte(address + "\x00" + namespace))
+	path := filepath.Join(dir, "grouped-snapshotter-migrate-"+hex.EncodeToString(sum[:8])+".lock")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create lock directory: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another import or export runs against this containerd namespace (%s is locked): %w", path, errdefs.ErrUnavailable)
+	}
+	return func() { f.Close() }, nil
 }
 
 // destination asks containerd, which must answer within answerTimeout,

@@ -7,13 +7,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
@@ -142,21 +140,18 @@ func (r *run) plan(ctx context.Context, img images.Image) (*plan, error) {
 	if p.first == len(chain) {
 		return p, nil
 	}
-	return p, r.sourceDirs(ctx, p.layers, p.first)
+	return p, r.sourceDirs(ctx, p.layers, chain, p.first)
 }
 
-// sourceDirs sets the source directory of layers[first:] from a temporary
-// view of the top layer (its mount lists every layer's directory), and
-// refuses an incomplete chain and a layer with a mount on it.
-func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error {
-	top := layers[len(layers)-1].chainID
-	key := fmt.Sprintf("%sview-%d-%s", ActivePrefix, time.Now().UnixNano(), top.Encoded()[:12])
-	mounts, err := r.from.View(ctx, key, top.String())
+// sourceDirs sets the source directory of layers[first:] (chain holds
+// their chain IDs) from a temporary view of the top layer (its mount lists
+// every layer's directory), and refuses an incomplete chain and a layer
+// with a mount on it.
+func (r *run) sourceDirs(ctx context.Context, layers []*layer, chain []digest.Digest, first int) error {
+	top := chain[len(chain)-1]
+	dirs, err := r.viewDirs(ctx, top.String(), len(chain))
 	if errdefs.IsNotFound(err) {
-		have := sort.Search(len(layers), func(i int) bool {
-			_, err := r.from.Stat(ctx, layers[i].chainID.String())
-			return err != nil
-		})
+		have, _ := committedPrefix(ctx, r.from, chain) // a layer it cannot stat counts as missing
 		if have == 0 {
 			return skipError{"not unpacked in " + r.opts.From}
 		} else if have < len(layers) {
@@ -165,19 +160,7 @@ func (r *run) sourceDirs(ctx context.Context, layers []*layer, first int) error 
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("view %s in %s: %w", top, r.opts.From, err)
-	}
-	defer func() {
-		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil {
-			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the temporary view; the next run removes it")
-		}
-	}()
-	_, dirs, err := mountDirs(mounts)
-	if err == nil && len(dirs) != len(layers) {
-		err = fmt.Errorf("%d layer directories for %d layers: %w", len(dirs), len(layers), errdefs.ErrFailedPrecondition)
-	}
-	if err != nil {
-		return fmt.Errorf("view of %s in %s: %w", top, r.opts.From, err)
+		return err
 	}
 	moving := map[string]int{} // directory -> layer index
 	for i := first; i < len(layers); i++ {

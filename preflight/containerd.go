@@ -3,7 +3,6 @@ package preflight
 import (
 	"context"
 	"fmt"
-	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,13 +10,15 @@ import (
 	"sort"
 	"strings"
 
+	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
+
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/containerdversion"
 	"github.com/grouped-snapshotter/grouped-snapshotter/snapshot"
 )
 
-func checkContainerd(ctx context.Context, o Options, add func(string, Status, string, ...any)) {
+func checkContainerd(ctx context.Context, o Options, r *report) {
 	if _, err := os.Stat(o.ContainerdAddress); err != nil {
-		add("containerd", Fail, "containerd socket %s: %v", o.ContainerdAddress, err)
+		r.add("containerd", Fail, "containerd socket %s: %v", o.ContainerdAddress, err)
 		return
 	}
 	version, err := containerdversion.AskVersion(ctx, o.ContainerdAddress)
@@ -27,19 +28,19 @@ func checkContainerd(ctx context.Context, o Options, add func(string, Status, st
 	}
 	switch {
 	case err != nil:
-		add("containerd", Fail, "containerd at %s: %v", o.ContainerdAddress, err)
+		r.add("containerd", Fail, "containerd at %s: %v", o.ContainerdAddress, err)
 		return
 	case major < 2:
-		add("containerd", Warn, "containerd %d.%d: grouped-snapshotter targets 2.x, and Kubernetes 1.37 drops containerd 1.x", major, minor)
+		r.add("containerd", Warn, "containerd %d.%d: grouped-snapshotter targets 2.x, and Kubernetes 1.37 drops containerd 1.x", major, minor)
 	default:
-		add("containerd", OK, "containerd %d.%d at %s", major, minor, o.ContainerdAddress)
+		r.add("containerd", OK, "containerd %d.%d at %s", major, minor, o.ContainerdAddress)
 	}
 	status, detail := usernsGain(version)
-	add("userns-gain", status, "%s", detail)
+	r.add("userns-gain", status, "%s", detail)
 	// containerd 2.3 and later read the shim's uidmap= shape unmapped when
 	// they diff a container; "auto" gives them that shape.
 	if o.IDMap == string(snapshot.IDMapMapped) && !snapshot.AutoUsesMappedParents(major, minor) {
-		add("containerd-idmap", Warn, "idmap = \"mapped\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
+		r.add("containerd-idmap", Warn, "idmap = \"mapped\" on containerd %d.%d: diffs of user-namespaced containers (nerdctl commit, ctr snapshots diff) hold every file of their image, re-owned; \"auto\" (the default) gives containerd 2.3 and later the shim's shape, which it diffs correctly", major, minor)
 	}
 }
 
@@ -113,23 +114,21 @@ func loadContainerdConfig(path string) (*containerdConfig, error) {
 
 // CheckContainerdConfig checks only containerd's configuration files.
 func CheckContainerdConfig(o Options) []Result {
-	var results []Result
-	checkContainerdConfig(o, func(name string, status Status, format string, args ...any) {
-		results = append(results, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
-	})
-	return results
+	var r report
+	checkContainerdConfig(o, &r)
+	return r
 }
 
-func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) {
+func checkContainerdConfig(o Options, r *report) {
 	cfg, err := loadContainerdConfig(o.ContainerdConfig)
 	if err != nil {
-		add("containerd-config", Fail, "read containerd config: %v", err)
+		r.add("containerd-config", Fail, "read containerd config: %v", err)
 		return
 	}
 	files := strings.Join(cfg.files, ", ")
 	proxy, ok := cfg.proxies[o.Name]
 	if !ok {
-		add("containerd-config", Fail, "no [proxy_plugins.%s] in %s: containerd does not know the snapshotter", o.Name, files)
+		r.add("containerd-config", Fail, "no [proxy_plugins.%s] in %s: containerd does not know the snapshotter", o.Name, files)
 		return
 	}
 	var problems []string
@@ -149,21 +148,21 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 		problems = append(problems, fmt.Sprintf("exports.root is %q, want %q (kubelet's image filesystem stats)", root, o.Root))
 	}
 	if len(problems) > 0 {
-		add("containerd-config", Fail, "[proxy_plugins.%s] in %s: %s", o.Name, files, strings.Join(problems, "; "))
+		r.add("containerd-config", Fail, "[proxy_plugins.%s] in %s: %s", o.Name, files, strings.Join(problems, "; "))
 	} else {
-		add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
+		r.add("containerd-config", OK, "[proxy_plugins.%s] points at %s with remap-ids and exports.root", o.Name, o.Address)
 	}
-	checkDiffer(o, cfg, files, add)
-	checkKubeletStats(o, cfg, add)
+	checkDiffer(o, cfg, files, r)
+	checkKubeletStats(o, cfg, r)
 	// The transfer service unpacks only for the listed platforms.
 	want := "linux/" + runtime.GOARCH
 	switch platforms := cfg.unpack[o.Name]; {
 	case slices.Contains(platforms, want):
-		add("containerd-unpack", OK, "transfer service unpacks for %s (platform %s)", o.Name, want)
+		r.add("containerd-unpack", OK, "transfer service unpacks for %s (platform %s)", o.Name, want)
 	case len(platforms) > 0:
-		add("containerd-unpack", Fail, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]] for %s lists platform %q, not this node's %q: pulls with --snapshotter %s fail with \"no unpack platforms defined\"", o.Name, platforms, want, o.Name)
+		r.add("containerd-unpack", Fail, "[[plugins.'io.containerd.transfer.v1.local'.unpack_config]] for %s lists platform %q, not this node's %q: pulls with --snapshotter %s fail with \"no unpack platforms defined\"", o.Name, platforms, want, o.Name)
 	default:
-		add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
+		r.add("containerd-unpack", Fail, "no [[plugins.'io.containerd.transfer.v1.local'.unpack_config]] with snapshotter = %q: `ctr images pull --snapshotter %s` and CRI pulls fail with \"no unpack platforms defined\"", o.Name, o.Name)
 	}
 }
 
@@ -173,9 +172,9 @@ func checkContainerdConfig(o Options, add func(string, Status, string, ...any)) 
 // config.Snapshotter into the syncer's snapshotters; runtime_platforms add
 // image-filesystem paths, not usage), and no setting changes that up to
 // containerd 2.4: pods of a runtime handler on grouped report 0 bytes.
-func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status, string, ...any)) {
+func checkKubeletStats(o Options, cfg *containerdConfig, r *report) {
 	if cfg.criSnapshotter == o.Name {
-		add("kubelet-stats", OK, "CRI's default snapshotter is %s: kubelet sees the writable-layer usage of every pod on it", o.Name)
+		r.add("kubelet-stats", OK, "CRI's default snapshotter is %s: kubelet sees the writable-layer usage of every pod on it", o.Name)
 		return
 	}
 	var names []string
@@ -188,7 +187,7 @@ func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status
 		return
 	}
 	sort.Strings(names)
-	add("kubelet-stats", Warn, "pods of runtime handler %s run on %s, but containerd's CRI reports writable-layer usage only for its default snapshotter: kubelet sees none of what they write, and while one runs its eviction manager fails to get summary stats and evicts no pod on the node (seen with containerd 2.4 and Kubernetes 1.37); watch grouped_snapshotter_writable_layer_bytes (docs/operations.md, Observability)", strings.Join(names, ", "), o.Name)
+	r.add("kubelet-stats", Warn, "pods of runtime handler %s run on %s, but containerd's CRI reports writable-layer usage only for its default snapshotter: kubelet sees none of what they write, and while one runs its eviction manager fails to get summary stats and evicts no pod on the node (seen with containerd 2.4 and Kubernetes 1.37); watch grouped_snapshotter_writable_layer_bytes (docs/operations.md, Observability)", strings.Join(names, ", "), o.Name)
 }
 
 // checkDiffer checks that containerd's diff service does not ask the
@@ -196,7 +195,7 @@ func checkKubeletStats(o Options, cfg *containerdConfig, add func(string, Status
 // then fails every diff and every apply, of every snapshotter, while the
 // daemon is down (the daemon no longer serves a diff API; see
 // docs/design.md, "Diffs").
-func checkDiffer(o Options, cfg *containerdConfig, files string, add func(string, Status, string, ...any)) {
+func checkDiffer(o Options, cfg *containerdConfig, files string, r *report) {
 	var names []string
 	for n, p := range cfg.proxies {
 		if p.Type == "diff" && filepath.Clean(p.Address) == filepath.Clean(o.Address) {
@@ -204,9 +203,9 @@ func checkDiffer(o Options, cfg *containerdConfig, files string, add func(string
 		}
 	}
 	if len(names) == 0 {
-		add("containerd-diff", OK, "containerd's diff service does not depend on the daemon")
+		r.add("containerd-diff", OK, "containerd's diff service does not depend on the daemon")
 		return
 	}
 	sort.Strings(names)
-	add("containerd-diff", Fail, "[proxy_plugins.%s] in %s registers the daemon as a differ, which it no longer serves: while the daemon is down, every diff and apply of every snapshotter fails (pulls, CRI unpack, nerdctl commit); remove it and its name from [plugins.'io.containerd.service.v1.diff-service'] default (install.sh install does), then restart containerd", strings.Join(names, "], [proxy_plugins."), files)
+	r.add("containerd-diff", Fail, "[proxy_plugins.%s] in %s registers the daemon as a differ, which it no longer serves: while the daemon is down, every diff and apply of every snapshotter fails (pulls, CRI unpack, nerdctl commit); remove it and its name from [plugins.'io.containerd.service.v1.diff-service'] default (install.sh install does), then restart containerd", strings.Join(names, "], [proxy_plugins."), files)
 }

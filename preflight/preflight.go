@@ -49,67 +49,48 @@ type Options struct {
 	DaemonAnswers func(ctx context.Context, address string) error
 }
 
+// report collects the results of checks in the order they ran.
+type report []Result
+
+func (r *report) add(name string, status Status, format string, args ...any) {
+	*r = append(*r, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
+}
+
 // Run runs every check in order.
 func Run(ctx context.Context, o Options) []Result {
-	var results []Result
-	add := func(name string, status Status, format string, args ...any) {
-		results = append(results, Result{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
-	}
+	var r report
 	// The mounting probes run in a child process of their own (see
 	// probeFilesystem), in a directory the daemon never touches.
 	probes, stale, probeErr := probeFilesystem(ctx, o.Root)
 	if probeErr != nil {
-		add("root", Fail, "cannot probe %s: %v", o.Root, probeErr)
+		r.add("root", Fail, "cannot probe %s: %v", o.Root, probeErr)
 	}
 	for _, msg := range stale {
-		add("probe-leftovers", Warn, "%s", msg)
+		r.add("probe-leftovers", Warn, "%s", msg)
 	}
 
 	if fsList, err := os.ReadFile("/proc/filesystems"); err != nil || !strings.Contains(string(fsList), "\toverlay\n") {
 		// The module may load on first mount: let the probe decide.
-		add("overlayfs", Warn, "overlay is not in /proc/filesystems yet (module not loaded?)")
+		r.add("overlayfs", Warn, "overlay is not in /proc/filesystems yet (module not loaded?)")
 	} else {
-		add("overlayfs", OK, "kernel has overlayfs")
+		r.add("overlayfs", OK, "kernel has overlayfs")
 	}
 	if probeErr == nil {
-		if err := probes.Lowerdirs; err != "" {
-			add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
-		} else {
-			add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
-		}
-		switch err := probes.IDMapped; {
-		case err == "":
-			add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
-		case o.IDMap != "shim":
-			add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
-		default:
-			add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
-		}
-		// What containers need is the combination: an overlay whose lowers
-		// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
-		// "shim" containerd's shim builds the same overlay).
-		switch err := probes.OverlayIDMapped; {
-		case err == "":
-			add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
-		case o.IDMap != "shim":
-			add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
-		default:
-			add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
-		}
+		checkProbes(o, probes, &r)
 	}
-	checkUserNamespaces(add)
-	checkRootFilesystem(o, add)
-	checkCgroups(add)
-	checkContainerd(ctx, o, add)
-	checkContainerdConfig(o, add)
+	checkUserNamespaces(&r)
+	checkRootFilesystem(o, &r)
+	checkCgroups(&r)
+	checkContainerd(ctx, o, &r)
+	checkContainerdConfig(o, &r)
 	if o.DaemonAnswers != nil {
 		if err := o.DaemonAnswers(ctx, o.Address); err != nil {
-			add("daemon", Fail, "%v", err)
+			r.add("daemon", Fail, "%v", err)
 		} else {
-			add("daemon", OK, "grouped-snapshotter answers on %s", o.Address)
+			r.add("daemon", OK, "grouped-snapshotter answers on %s", o.Address)
 		}
 	}
-	return results
+	return r
 }
 
 // Failed reports whether any result failed.
@@ -117,17 +98,44 @@ func Failed(results []Result) bool {
 	return slices.ContainsFunc(results, func(r Result) bool { return r.Status == Fail })
 }
 
-func checkUserNamespaces(add func(string, Status, string, ...any)) {
+// checkProbes reports the outcome of the mounting probes.
+func checkProbes(o Options, probes probeOutcome, r *report) {
+	if err := probes.Lowerdirs; err != "" {
+		r.add("overlay-lowerdirs", Fail, "test overlay with two lowerdirs on %s failed: %v", o.Root, err)
+	} else {
+		r.add("overlay-lowerdirs", OK, "an overlay with two lowerdirs mounts on %s", o.Root)
+	}
+	switch err := probes.IDMapped; {
+	case err == "":
+		r.add("idmapped-mounts", OK, "a test idmapped mount on %s shows mapped owners", o.Root)
+	case o.IDMap != "shim":
+		r.add("idmapped-mounts", Fail, "idmap = %q needs idmapped mounts on %s for mapped parents: %v", o.IDMap, o.Root, err)
+	default:
+		r.add("idmapped-mounts", Warn, "no idmapped mounts on %s (%v): user-namespaced containers will fail", o.Root, err)
+	}
+	// What containers need is the combination: an overlay whose lowers
+	// are idmapped (overlayfs takes them from Linux 5.19 on; in mode
+	// "shim" containerd's shim builds the same overlay).
+	switch err := probes.OverlayIDMapped; {
+	case err == "":
+		r.add("overlay-idmapped-lowers", OK, "a test overlay on %s reads its lowers through an idmapped mount with mapped owners", o.Root)
+	case o.IDMap != "shim":
+		r.add("overlay-idmapped-lowers", Fail, "idmap = %q needs overlays over idmapped lowers on %s: %v", o.IDMap, o.Root, err)
+	default:
+		r.add("overlay-idmapped-lowers", Warn, "no overlay over idmapped lowers on %s (%v): user-namespaced containers will fail", o.Root, err)
+	}
+}
+
+func checkUserNamespaces(r *report) {
 	data, err := os.ReadFile("/proc/sys/user/max_user_namespaces")
-	if err != nil {
-		add("user-namespaces", Fail, "cannot read /proc/sys/user/max_user_namespaces: %v", err)
-		return
+	switch limit := strings.TrimSpace(string(data)); {
+	case err != nil:
+		r.add("user-namespaces", Fail, "cannot read /proc/sys/user/max_user_namespaces: %v", err)
+	case limit == "0":
+		r.add("user-namespaces", Fail, "user.max_user_namespaces is 0: user-namespaced pods cannot start")
+	default:
+		r.add("user-namespaces", OK, "user.max_user_namespaces = %s", limit)
 	}
-	if strings.TrimSpace(string(data)) == "0" {
-		add("user-namespaces", Fail, "user.max_user_namespaces is 0: user-namespaced pods cannot start")
-		return
-	}
-	add("user-namespaces", OK, "user.max_user_namespaces = %s", strings.TrimSpace(string(data)))
 }
 
 var fsNames = map[int64]string{
@@ -151,15 +159,15 @@ func existingAncestor(path string) (string, error) {
 	}
 }
 
-func checkRootFilesystem(o Options, add func(string, Status, string, ...any)) {
+func checkRootFilesystem(o Options, r *report) {
 	path, err := existingAncestor(o.Root)
 	if err != nil {
-		add("root-filesystem", Fail, "%v", err)
+		r.add("root-filesystem", Fail, "%v", err)
 		return
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
-		add("root-filesystem", Fail, "statfs %s: %v", path, err)
+		r.add("root-filesystem", Fail, "statfs %s: %v", path, err)
 		return
 	}
 	name, ok := fsNames[int64(st.Type)]
@@ -169,25 +177,24 @@ func checkRootFilesystem(o Options, add func(string, Status, string, ...any)) {
 	free := st.Bavail * uint64(st.Bsize)
 	switch {
 	case name == "overlay" || name == "nfs":
-		add("root-filesystem", Fail, "%s is on %s, which cannot hold overlay upper directories", o.Root, name)
+		r.add("root-filesystem", Fail, "%s is on %s, which cannot hold overlay upper directories", o.Root, name)
 	case free < o.MinFreeBytes:
-		add("root-filesystem", Warn, "%s is on %s with only %s free (below %s)", o.Root, name, bytesString(free), bytesString(o.MinFreeBytes))
+		r.add("root-filesystem", Warn, "%s is on %s with only %s free (below %s)", o.Root, name, bytesString(free), bytesString(o.MinFreeBytes))
 	default:
-		add("root-filesystem", OK, "%s is on %s, %s free of %s", o.Root, name, bytesString(free), bytesString(st.Blocks*uint64(st.Bsize)))
+		r.add("root-filesystem", OK, "%s is on %s, %s free of %s", o.Root, name, bytesString(free), bytesString(st.Blocks*uint64(st.Bsize)))
 	}
 }
 
-func checkCgroups(add func(string, Status, string, ...any)) {
+func checkCgroups(r *report) {
 	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
-		add("cgroups", Warn, "statfs /sys/fs/cgroup: %v", err)
-		return
+	switch err := unix.Statfs("/sys/fs/cgroup", &st); {
+	case err != nil:
+		r.add("cgroups", Warn, "statfs /sys/fs/cgroup: %v", err)
+	case st.Type == unix.CGROUP2_SUPER_MAGIC:
+		r.add("cgroups", OK, "cgroup v2")
+	default:
+		r.add("cgroups", Warn, "cgroup v1: Kubernetes 1.35+ refuses cgroup v1 nodes unless the kubelet sets failCgroupV1: false")
 	}
-	if st.Type == unix.CGROUP2_SUPER_MAGIC {
-		add("cgroups", OK, "cgroup v2")
-		return
-	}
-	add("cgroups", Warn, "cgroup v1: Kubernetes 1.35+ refuses cgroup v1 nodes unless the kubelet sets failCgroupV1: false")
 }
 
 func bytesString(n uint64) string {

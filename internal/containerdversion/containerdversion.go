@@ -78,9 +78,8 @@ type Client struct {
 	stop        context.CancelFunc
 	done        chan struct{}
 
-	mu    sync.Mutex
-	known bool
-	// answered is closed while the release is known.
+	mu sync.Mutex
+	// answered is closed while the release is known (err is nil).
 	answered     chan struct{}
 	major, minor int
 	version      string
@@ -240,12 +239,12 @@ func (c *Client) learn(ctx context.Context, conn *grpc.ClientConn) bool {
 // set records a release, or why it is not known, logging what changed.
 func (c *Client) set(ctx context.Context, version string, major, minor int, err error) {
 	c.mu.Lock()
-	wasKnown, wasMajor, wasMinor := c.known, c.major, c.minor
-	c.version, c.major, c.minor, c.err, c.known = version, major, minor, err, err == nil
+	wasKnown, wasMajor, wasMinor := c.err == nil, c.major, c.minor
+	c.version, c.major, c.minor, c.err = version, major, minor, err
 	switch {
-	case c.known && !wasKnown:
+	case err == nil && !wasKnown:
 		close(c.answered)
-	case !c.known && wasKnown:
+	case err != nil && wasKnown:
 		c.answered = make(chan struct{})
 	}
 	c.mu.Unlock()
@@ -285,10 +284,7 @@ func (c *Client) Answering(ctx context.Context) error {
 func (c *Client) Version() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err != nil {
-		return "", c.err
-	}
-	return c.version, nil
+	return c.version, c.err
 }
 
 // Close stops learning and closes the connection.

@@ -42,15 +42,12 @@ func Run(m *testing.M) int {
 
 // mountsUnder lists the mount points strictly below dir.
 func mountsUnder(dir string) ([]string, error) {
-	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		return nil, err
-	}
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !strings.HasPrefix(m.Mountpoint, dir+"/"), false
+	})
 	var out []string
 	for _, m := range mounts {
-		if m.Mountpoint != dir {
-			out = append(out, m.Mountpoint)
-		}
+		out = append(out, m.Mountpoint)
 	}
-	return out, nil
+	return out, err
 }
