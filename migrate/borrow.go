@@ -318,20 +318,24 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 	return nil
 }
 
-// atLowPriority runs f on an OS thread of its own at the lowest CPU
-// priority (nice 19). Borrowing is background work, and its hard links of
-// an image's last layer are made while the image's first pod starts.
+// atLowPriority runs f on an OS thread of its own at nice 10. Borrowing is
+// background work, and its hard links of an image's last layer are made
+// while the image's first pod starts. Not 19: on a node kept busy, a
+// starved borrower would leave containerd to unpack the image inside a
+// pod's creation.
 func atLowPriority(f func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread ends with this goroutine, and its
 		// priority with it.
 		runtime.LockOSThread()
-		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), borrowNice)
 		done <- f()
 	}()
 	return <-done
 }
+
+const borrowNice = 10
 
 // name returns the name containerd gives the snapshotter exporting Root.
 func (b *Borrower) name(ctx context.Context, c *client.Client) (string, error) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestAtLowPriority checks that the borrower's work runs at nice 19 and
+// TestAtLowPriority checks that the borrower's work runs at nice borrowNice and
 // that the caller's thread keeps its priority.
 func TestAtLowPriority(t *testing.T) {
 	before := threadNice(t)
@@ -15,8 +15,8 @@ func TestAtLowPriority(t *testing.T) {
 	if err := atLowPriority(func() error { inside = threadNice(t); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if inside != 19 {
-		t.Errorf("nice inside atLowPriority = %d, want 19", inside)
+	if inside != borrowNice {
+		t.Errorf("nice inside atLowPriority = %d, want %d", inside, borrowNice)
 	}
 	if after := threadNice(t); after != before {
 		t.Errorf("the caller's nice went from %d to %d", before, after)
