@@ -54,17 +54,16 @@ const (
 // scenario; the first must be grouped view (the API and memory scenarios
 // use its daemon binary).
 var Contenders = []Contender{
-	// idmap = "mapped" by its release-1 name, "view": every build reads
-	// it, and an A/B runs build A (maybe older than the name "mapped")
-	// with the same configuration as build B.
-	{Name: Grouped, Snapshotter: harness.SnapshotterGrouped, IDMap: "view"},
+	// An A/B runs build A with the same configuration as build B, so
+	// build A must know idmap = "mapped" (buildCommit refuses older ones).
+	{Name: Grouped, Snapshotter: harness.SnapshotterGrouped, IDMap: "mapped"},
 	{Name: "grouped shim", Snapshotter: harness.SnapshotterGrouped, IDMap: "shim"},
 	{Name: OverlayfsName, Snapshotter: harness.SnapshotterOverlayfs, Rebase: true},
 	{Name: OverlayProxyName, Snapshotter: harness.SnapshotterGrouped, OverlayProxy: true},
 	// containerd v2.1 added the EROFS snapshotter; v2.4.2's declares
 	// remap-ids and rebase itself.
 	{Name: ErofsName, Snapshotter: harness.SnapshotterErofs, Rebase: true, MinVersion: harness.ContainerdV2_4},
-	{Name: GroupedA, Snapshotter: harness.SnapshotterGrouped, IDMap: "view", A: true},
+	{Name: GroupedA, Snapshotter: harness.SnapshotterGrouped, IDMap: "mapped", A: true},
 }
 
 // versionLess compares containerd release tags such as "v2.0.5".

@@ -151,10 +151,10 @@ const (
 	// config's idmap mode.
 	DensityGrouped = "grouped"
 	// DensityGroupedView is grouped-snapshotter with idmap = "mapped"
-	// forced (named by the mode's release-1 name, as in the results), a second daemon next to the installed one: on containerd ≥
+	// forced, a second daemon next to the installed one: on containerd ≥
 	// 2.3, where the shipped "auto" mode returns the shim shape, what
 	// mapped parents would cost or save.
-	DensityGroupedView = `grouped (idmap = "view" forced)`
+	DensityGroupedView = `grouped (idmap = "mapped" forced)`
 	// DensityGroupedHandler is the runtime-handler install mode: CRI's
 	// snapshotter stays overlayfs, and the user-namespaced pods name
 	// RuntimeClass grouped, whose handler runs them on the installed

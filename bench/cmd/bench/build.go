@@ -18,6 +18,9 @@ import (
 // built once.
 var buildsDir = filepath.Join(os.TempDir(), "gs-bench-builds")
 
+// mappedModeCommit introduced idmap = "mapped".
+const mappedModeCommit = "8e9b99a"
+
 // buildCommit builds the grouped-snapshotter daemon of the repository's
 // commit ref as the harness builds the working tree's (go build, no
 // flags), in a temporary git worktree it removes after, into
@@ -37,6 +40,11 @@ func buildCommit(ref string) (bin, label string, err error) {
 	rev, err := command(ctx, repo, "git", "rev-parse", "--short", full)
 	if err != nil {
 		return "", "", err
+	}
+	// The benchmark configures idmap = "mapped", which builds before its
+	// introduction refuse.
+	if _, err := command(ctx, repo, "git", "merge-base", "--is-ancestor", mappedModeCommit, full); err != nil {
+		return "", "", fmt.Errorf("build A %s predates idmap mode \"mapped\" (commit %s), which the benchmark configures: compare builds from that commit on", ref, mappedModeCommit)
 	}
 	label = rev
 	if !strings.HasPrefix(rev, ref) {
