@@ -515,7 +515,7 @@ func (r *run) viewDirs(ctx context.Context, name string, n int) ([]string, error
 	}
 	defer func() {
 		if err := r.from.Remove(context.WithoutCancel(ctx), key); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("key", key).Warn("borrow: failed to remove the temporary view")
+			log.G(ctx).WithError(err).WithField("key", key).Warn("failed to remove the temporary view")
 		}
 	}()
 	_, dirs, err := mountDirs(mounts)
