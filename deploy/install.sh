@@ -1,112 +1,43 @@
 #!/bin/sh
-# Installs or uninstalls grouped-snapshotter on a node: the binary, the
-# service (systemd, or a supervised process on hosts without systemd), the
-# config file and a containerd drop-in that registers the proxy plugin.
-# Idempotent: running it twice changes nothing the second time.
+# shellcheck disable=SC2016 # the single-quoted scripts run in a shell of their own
+# Installs or uninstalls grouped-snapshotter on a node: the binary, the service (systemd, or a
+# supervised host process), its config and the containerd drop-in that registers the proxy plugin.
+# Idempotent. docs/operations.md#installsh-options explains each option.
 #
-#   install.sh install   [options] [--binary PATH] [--cri [--import] | --runtime-handler NAME] [--export]
-#   install.sh uninstall [options] [--export] [--purge [--force-purge]]
-#   install.sh supervise [options]   (the DaemonSet pod's main loop)
+# usage: install.sh install   [options] [--binary PATH] [--cri [--import] | --runtime-handler NAME] [--export]
+#        install.sh uninstall [options] [--export] [--purge [--force-purge]]
+#        install.sh supervise [options]   (the DaemonSet pod's main loop)
 #
-# On the releases where grouped gains, use the mode the whole cost per
-# containerd release recommends (docs/operations.md; the DaemonSet's
-# default, kept so by bench's TestDefaultFollowsWholeCost):
+#   --binary PATH             the binary to install (default: next to this script, or ../bin/)
+#   --cri                     CRI (kubelet) pulls and runs pods with grouped
+#   --import                  with --cri: first move the node's images from overlayfs into grouped
+#   --runtime-handler NAME    instead of --cri: only pods of CRI runtime handler NAME run on grouped
+#   --export                  install without --cri, or uninstall: first move the images to overlayfs
+#   --export-namespaces NS    containerd namespaces to import or export (default "k8s.io")
+#   --no-start                only files: touch no service and no containerd
+#   --purge                   uninstall also removes the data and the log
+#   --force-purge             --purge even while containers use the data
+#   --host-root DIR           the node's / is mounted at DIR: host commands run through nsenter
+#   --host-pid PID            a process in the host's namespaces, for nsenter (default 1)
+#   --service-manager M       systemd | none | auto (default auto: systemd when the host runs it)
+#   --containerd-restart CMD  restarts containerd (default with systemd: systemctl restart containerd.service)
+#   --containerd-config F     containerd's config (default /etc/containerd/config.toml); drop-ins in conf.d/
+#   --containerd-address S    containerd's socket (default /run/containerd/containerd.sock)
+#   --containerd-bin PATH     the host's containerd, for its config dump (default containerd)
+#   --root DIR                the daemon's data (default /var/lib/grouped-snapshotter)
+#   --socket PATH             its socket (default /run/grouped-snapshotter/grouped-snapshotter.sock)
+#   --bin-dir DIR             where its binary goes (default /usr/local/bin)
+#   --config-file F           its config (default /etc/grouped-snapshotter/config.toml)
+#   --log-file F              its log without systemd (default /var/log/grouped-snapshotter.log)
+#   --daemon-flags FLAGS      more flags for the daemon: plain words, space-separated
+#   --help                    this text
+#
+# Every option with a value but --binary can be given as GS_<OPTION> in the environment (--root:
+# GS_ROOT): the DaemonSet's install, supervise and `kubectl exec` uninstall agree. Host paths.
+#
+# On the releases where grouped gains, use the mode the whole cost per containerd release recommends
+# (docs/operations.md; the DaemonSet's default, kept so by bench's TestDefaultFollowsWholeCost):
 # Recommended install mode: --cri
-#
-# --host-root DIR       the node's / is mounted at DIR (the DaemonSet mounts
-#                       it at /host; tests use a temporary directory); host
-#                       commands then run through nsenter into the
-#                       namespaces of --host-pid
-# --host-pid PID        a process in the host's namespaces (default 1)
-# --binary PATH         the grouped-snapshotter binary to install (default:
-#                       next to this script, or bin/grouped-snapshotter)
-# --cri                 also make CRI (kubelet) pull and run with it: CRI's
-#                       snapshotter becomes grouped, and its default runtime
-#                       handler a copy of the old default (rendered like
-#                       --runtime-handler's, see CRI_HANDLER) that follows
-#                       it, while handler runc keeps containerd's overlayfs
-#                       for the DaemonSet's own pods (RuntimeClass
-#                       grouped-snapshotter-node): they never need grouped
-#                       to start, after a reboot neither
-# --runtime-handler NAME
-#                       instead of --cri: CRI keeps containerd's overlayfs
-#                       for every pod and pull, and gains a runtime handler
-#                       NAME (a copy of its default handler, rendered from
-#                       `containerd config dump` by `grouped-snapshotter
-#                       runtime-handler`) whose pods run on grouped; a
-#                       RuntimeClass naming NAME picks it for the pods that
-#                       gain from grouped (deploy/kubernetes/runtimeclass.yaml).
-#                       CRI unpacks an image into grouped from its content
-#                       store when the first such pod of it starts: no pull.
-#                       Run the install again after changing containerd's
-#                       default runtime handler. Without it, an install
-#                       removes a handler an earlier install added
-# --containerd-bin PATH the host's containerd binary, for its config dump
-#                       (default containerd, on the host's PATH)
-# --import              with --cri, on a node whose CRI still runs on
-#                       containerd's overlayfs: first make the node's images
-#                       (--export-namespaces) unpacked in grouped, from
-#                       overlayfs by hard links, so that no pod pulls or
-#                       unpacks an image the node holds; see switch_cri for
-#                       the order of restarts. Refused, changing nothing,
-#                       when containerd does not answer or the copies (roots
-#                       on two filesystems) would not fit
-# --export              uninstall: see below. install without --cri on a node
-#                       whose CRI runs on grouped (a rollback): the same as
-#                       --import the other way, before CRI goes back to
-#                       overlayfs
-# --no-start            only files: touch no service and no containerd
-# --purge               uninstall also removes the snapshotter's data (its
-#                       root, after unmounting its mapped parents) and its log;
-#                       refused, changing nothing, while a mount (a
-#                       container's root filesystem) uses files in the root
-# --force-purge         --purge even then: those containers run on deleted
-#                       files
-# --export              uninstall first runs `grouped-snapshotter export`
-#                       for each of --export-namespaces, so that containerd's
-#                       overlayfs has every image unpacked (hard links, no
-#                       pull) before grouped goes; it stops, changing
-#                       nothing, if the export fails
-# --export-namespaces NS
-#                       space-separated containerd namespaces to export or
-#                       import (default "k8s.io")
-# --containerd-address S
-#                       containerd's socket, for --export and --import and
-#                       the daemon's --containerd-address (default
-#                       /run/containerd/containerd.sock)
-# --service-manager M   systemd | none | auto (default: systemd when the
-#                       host runs it). none: the daemon runs as a detached
-#                       host process in a cgroup of its own, started here
-#                       and restarted by `supervise` while the pod lives
-# --containerd-restart CMD
-#                       how to restart containerd on the host (default
-#                       with systemd: systemctl restart containerd.service;
-#                       required with none)
-# --containerd-config F containerd's main config (default
-#                       /etc/containerd/config.toml); the drop-in goes to
-#                       conf.d/ next to it
-# --root DIR, --socket PATH, --bin-dir DIR, --config-file F, --log-file F
-#                       where the daemon keeps its data, serves, is
-#                       installed, reads its config and (without systemd)
-#                       logs
-# --daemon-flags FLAGS  more flags for the daemon, space-separated words
-#                       without quotes, e.g. "--pprof-address
-#                       unix:///run/grouped-snapshotter/pprof.sock" to
-#                       profile it on the node
-#
-# Every option except --binary, --cri, --no-start, --import, --export, --purge and --force-purge can
-# also be given in the environment (GS_RUNTIME_HANDLER, GS_CONTAINERD_BIN,
-# GS_HOST_ROOT, GS_HOST_PID,
-# GS_SERVICE_MANAGER, GS_CONTAINERD_RESTART, GS_CONTAINERD_CONFIG,
-# GS_CONTAINERD_ADDRESS, GS_EXPORT_NAMESPACES, GS_ROOT, GS_SOCKET,
-# GS_BIN_DIR, GS_CONFIG_FILE, GS_LOG_FILE, GS_DAEMON_FLAGS), which is how the DaemonSet keeps
-# install, supervise and an uninstall run through `kubectl exec` in step.
-# All paths are host paths.
-#
-# On install, the order matters for a running node: the snapshotter starts
-# and its socket answers BEFORE containerd is restarted with the drop-in;
-# otherwise containerd comes up with "failed to find snapshotter" for every
-# pod that uses it.
 set -eu
 
 ACTION=${1:-}
@@ -126,16 +57,14 @@ LOG_FILE=${GS_LOG_FILE:-/var/log/grouped-snapshotter.log}
 CONTAINERD_ADDRESS=${GS_CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}
 EXPORT_NAMESPACES=${GS_EXPORT_NAMESPACES:-k8s.io}
 DAEMON_FLAGS=${GS_DAEMON_FLAGS:-}
-EXPORT=0
-IMPORT=0
-BINARY=
-CRI=0
-START=1
-PURGE=0
-PURGE_FORCE=
-PURGE_FAILED=0
-usage() { echo "usage: install.sh install|uninstall|supervise [options] (see the comment at the top)" >&2; exit 2; }
-need() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "install.sh: $1 needs a value" >&2; exit 2; }; }
+EXPORT=0 IMPORT=0 BINARY='' CRI=0 START=1 PURGE=0 PURGE_FORCE='' PURGE_FAILED=0
+# Set by the install's steps: what changed, what it moves (MOVE: import, export or ""), rendered files.
+BINARY_CHANGED=0 UNIT_CHANGED=0 CONFIG_CHANGED=0 RUNTIME_CHANGED=0 MOVE='' RUNTIME_RENDERED='' CRI_RENDERED=''
+usage() { sed -n '3,/^[^#]/s/^# \{0,1\}//p' "$0"; }
+warn() { echo "install.sh: $*" >&2; }
+die() { code=$1; shift; warn "$@"; exit "$code"; }
+need() { if [ $# -lt 2 ] || [ -z "$2" ]; then die 2 "$1 needs a value"; fi; }
+case "$ACTION" in -h | --help) usage; exit 0 ;; esac
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--host-root) need "$@"; HOST=$2; shift 2 ;;
@@ -160,21 +89,19 @@ while [ $# -gt 0 ]; do
 	--config-file) need "$@"; CONFIG_FILE=$2; shift 2 ;;
 	--log-file) need "$@"; LOG_FILE=$2; shift 2 ;;
 	--daemon-flags) need "$@"; DAEMON_FLAGS=$2; shift 2 ;;
-	*) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
+	-h | --help) usage; exit 0 ;;
+	*) die 2 "unknown argument $1" ;;
 	esac
 done
-case "$ACTION" in install|uninstall|supervise) ;; *) usage ;; esac
+case "$ACTION" in install | uninstall | supervise) ;; *) usage >&2; exit 2 ;; esac
 for p in "$CONTAINERD_CONFIG" "$CONTAINERD_ADDRESS" "$ROOT" "$SOCKET" "$BIN_DIR" "$CONFIG_FILE" "$LOG_FILE"; do
-	case "$p" in /*) ;; *) echo "install.sh: $p is not an absolute host path" >&2; exit 2 ;; esac
+	case "$p" in /*) ;; *) die 2 "$p is not an absolute host path" ;; esac
 done
-if [ -n "$RUNTIME_HANDLER" ] && [ "$CRI" = 1 ]; then
-	echo "install.sh: --runtime-handler keeps CRI's default snapshotter and --cri replaces it: choose one" >&2
-	exit 2
-fi
+[ -z "$RUNTIME_HANDLER" ] || [ "$CRI" = 0 ] || die 2 "--runtime-handler keeps CRI's default snapshotter and --cri replaces it: choose one"
 # The flags go into the unit's ExecStart by sed and to the daemon as words.
-case "$DAEMON_FLAGS" in *[\#\&\\\"\'\`\$]*) echo "install.sh: --daemon-flags $DAEMON_FLAGS: only plain words, without # & \\ quotes, backticks or \$" >&2; exit 2 ;; esac
-case "$HOST_PID" in *[!0-9]*) echo "install.sh: --host-pid $HOST_PID is not a pid" >&2; exit 2 ;; esac
-case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) echo "install.sh: refusing --root $ROOT" >&2; exit 2 ;; esac
+case "$DAEMON_FLAGS" in *[\#\&\\\"\'\`\$]*) die 2 "--daemon-flags $DAEMON_FLAGS: only plain words, without # & \\ quotes, backticks or \$" ;; esac
+case "$HOST_PID" in *[!0-9]*) die 2 "--host-pid $HOST_PID is not a pid" ;; esac
+case "$ROOT" in /|/usr|/etc|/var|/var/lib|/run|/tmp) die 2 "refusing --root $ROOT" ;; esac
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 H=${HOST%/}
@@ -182,33 +109,25 @@ BIN=$BIN_DIR/grouped-snapshotter
 UNIT=/etc/systemd/system/grouped-snapshotter.service
 CONFD=$(dirname "$CONTAINERD_CONFIG")/conf.d
 DROPIN=$CONFD/grouped-snapshotter.toml
-# CRI_PAUSE turns CRI's gRPC service off while switch_cri moves the last
-# images between snapshotters; it exists only for those seconds.
+# Turns CRI's gRPC service off while switch_cri moves the last images: it exists for seconds.
 CRI_PAUSE=$CONFD/grouped-snapshotter-cri-paused.toml
-# The runtime handler of --runtime-handler, in a file of its own.
 RUNTIME_DROPIN=$CONFD/grouped-snapshotter-runtime.toml
-# With --cri, pods that name no RuntimeClass run with CRI_HANDLER, a copy
-# of containerd's default handler from before the install with no
-# snapshotter of its own (so CRI's: grouped), and SYSTEM_HANDLER, the
-# stock handler the DaemonSet's RuntimeClass names, is pinned to overlayfs,
-# for its pods and (through the pod annotation io.containerd.cri.runtime-
-# handler) its pulls. The DaemonSet's pod then starts without grouped: on a
-# rebooted node without systemd it is what starts the daemon again. The
-# handler must exist before the first install, hence containerd's stock
-# one rather than a new one.
+# With --cri, pods without a RuntimeClass run with CRI_HANDLER, a copy of the default handler
+# from before the install that follows CRI's snapshotter, while SYSTEM_HANDLER (the DaemonSet's
+# RuntimeClass) stays on overlayfs for its pods and pulls: the DaemonSet's pod, which starts the
+# daemon again after a reboot without systemd, never needs grouped. That handler must exist
+# before the first install, hence containerd's stock one.
 CRI_HANDLER=grouped-default
 SYSTEM_HANDLER=runc
-# DROPIN records the handler CRI_HANDLER copies, for the next install,
-# whose containerd config dump then names CRI_HANDLER as the default.
+# DROPIN records the handler CRI_HANDLER copies: the next install's dump names CRI_HANDLER.
 CRI_TEMPLATE_MARK="# CRI's default runtime handler before grouped-snapshotter:"
-IMPORT_PATTERN=$CONFD/*.toml
+IMPORT_PATTERN="$CONFD/*.toml"
 RUN_DIR=$(dirname "$SOCKET")
 PIDFILE=$RUN_DIR/grouped-snapshotter.pid
 CGROUP_NAME=grouped-snapshotter
 MARK="# added by grouped-snapshotter install.sh; removed by its uninstall"
 
-# Commands run on the host: directly, or through nsenter into the host's
-# namespaces when the host is mounted elsewhere (the DaemonSet).
+# Host commands: through nsenter when the host is mounted elsewhere (the DaemonSet).
 host() {
 	if [ "$H" = "" ]; then "$@"; else nsenter --target "$HOST_PID" --mount --uts --ipc --net --pid -- "$@"; fi
 }
@@ -220,15 +139,14 @@ fi
 case "$SERVICE_MANAGER" in
 systemd) [ -n "$CONTAINERD_RESTART" ] || CONTAINERD_RESTART="systemctl restart containerd.service" ;;
 none) ;;
-*) echo "install.sh: --service-manager must be systemd, none or auto, not $SERVICE_MANAGER" >&2; exit 2 ;;
+*) die 2 "--service-manager must be systemd, none or auto, not $SERVICE_MANAGER" ;;
 esac
 if [ "$START" = 1 ] && [ "$ACTION" != supervise ] && [ -z "$CONTAINERD_RESTART" ]; then
-	echo "install.sh: the host has no systemd: say how to restart containerd with --containerd-restart (or GS_CONTAINERD_RESTART)" >&2
-	exit 2
+	die 2 "the host has no systemd: say how to restart containerd with --containerd-restart (or GS_CONTAINERD_RESTART)"
 fi
 
-# daemon_args: the daemon's flags, only for values that differ from its
-# defaults, so that a default install runs the plain shipped unit.
+# daemon_args: flags only for values that differ from the daemon's defaults, so that a default
+# install runs the plain shipped unit.
 daemon_args() {
 	args=serve
 	[ "$CONFIG_FILE" = /etc/grouped-snapshotter/config.toml ] || args="$args --config $CONFIG_FILE"
@@ -240,8 +158,8 @@ daemon_args() {
 	echo "$args"
 }
 
-# install_file SRC DST MODE: copy only when different, so reruns are no-ops.
-# It returns 1 when DST was already up to date.
+# install_file SRC DST MODE copies only when different (reruns are no-ops); it returns 1 when
+# DST was already up to date.
 install_file() {
 	if [ -f "$2" ] && cmp -s "$1" "$2"; then return 1; fi
 	mkdir -p "$(dirname "$2")"
@@ -250,17 +168,21 @@ install_file() {
 	echo "installed $2"
 }
 
-unit() {
-	sed "s#^ExecStart=.*#ExecStart=$BIN $(daemon_args)#" "$HERE/systemd/grouped-snapshotter.service"
+# remove FILE...: those that exist, saying so.
+remove() {
+	for f; do
+		if [ -e "$f" ]; then rm -f "$f" && echo "removed $f"; fi
+	done
 }
 
+unit() { sed "s#^ExecStart=.*#ExecStart=$BIN $(daemon_args)#" "$HERE/systemd/grouped-snapshotter.service"; }
+
 dropin() {
-	# The transfer service unpacks only for the platforms listed, so they
-	# name the node's own architecture.
+	# The transfer service unpacks only for the platforms listed: the node's own.
 	case $(uname -m) in
 	x86_64) arch=amd64 ;;
 	aarch64 | arm64) arch=arm64 ;;
-	*) echo "install.sh: unsupported machine architecture $(uname -m) (amd64 and arm64 are)" >&2; exit 1 ;;
+	*) die 1 "unsupported machine architecture $(uname -m) (amd64 and arm64 are)" ;;
 	esac
 	cat <<TOML
 # Registers grouped-snapshotter with containerd 2.x. Installed by
@@ -292,7 +214,7 @@ version = 3
   differ = "walking"
 TOML
 	if [ "$CRI" = 1 ]; then
-		[ -s "$CRI_RENDERED" ] || { echo "install.sh: internal error: CRI's runtime handlers were not rendered" >&2; exit 1; }
+		[ -s "$CRI_RENDERED" ] || die 1 "internal error: CRI's runtime handlers were not rendered"
 		cat <<TOML
 
 # CRI (kubelet) pulls and runs with grouped-snapshotter.
@@ -316,9 +238,8 @@ TOML
 	fi
 }
 
-# ensure_imports makes containerd's main config import the drop-in directory;
-# it sets CONFIG_CHANGED=1 when it had to change the file.
-CONFIG_CHANGED=0
+# ensure_imports makes containerd's main config import the drop-in directory; it sets
+# CONFIG_CHANGED=1 when it changed the file.
 ensure_imports() {
 	cfg=$H$CONTAINERD_CONFIG
 	if [ ! -f "$cfg" ]; then
@@ -332,8 +253,7 @@ ensure_imports() {
 		return 0
 	fi
 	if grep -Eq '^[[:space:]]*imports[[:space:]]*=' "$cfg"; then
-		echo "install.sh: $cfg has an imports line without \"$IMPORT_PATTERN\"; add it by hand" >&2
-		exit 1
+		die 1 "$cfg has an imports line without \"$IMPORT_PATTERN\"; add it by hand"
 	fi
 	# Top-level keys must precede every table: put imports first.
 	tmp="$cfg.tmp.$$"
@@ -344,9 +264,7 @@ ensure_imports() {
 	echo "added imports of $IMPORT_PATTERN to $cfg"
 }
 
-answers() {
-	host "$BIN" version --address "$SOCKET" 2>/dev/null | grep -q '^daemon: [^n]'
-}
+answers() { host "$BIN" version --address "$SOCKET" 2>/dev/null | grep -q '^daemon: [^n]'; }
 
 wait_for_socket() {
 	i=0
@@ -355,20 +273,17 @@ wait_for_socket() {
 		i=$((i + 1))
 		sleep 1
 	done
-	echo "install.sh: grouped-snapshotter did not answer on $SOCKET within 60 s; containerd left untouched" >&2
-	exit 1
+	die 1 "grouped-snapshotter did not answer on $SOCKET within 60 s; containerd left untouched"
 }
 
 restart_containerd() {
 	echo "restarting containerd ($CONTAINERD_RESTART)"
-	# shellcheck disable=SC2086 # the command is a command line
 	host sh -c "$CONTAINERD_RESTART"
 }
 
-# detach CGROUP SCRIPT [ARG...] runs the shell SCRIPT, ARGs as $1..., on
-# the host in a new session and in cgroup CGROUP of every hierarchy ("" is
-# the root), so that it outlives this script and this pod: a pod's cgroups
-# are killed with it, hostPID or not. Its output is discarded.
+# detach CGROUP SCRIPT [ARG...] runs the shell SCRIPT, ARGs as $1..., on the host in a new
+# session and in cgroup CGROUP of every hierarchy ("" is the root), so that it outlives this
+# script and this pod (a pod's cgroups are killed with it, hostPID or not). No output.
 detach() {
 	cgroup=$1 script=$2
 	shift 2
@@ -383,9 +298,8 @@ detach() {
 			echo $$ >"$g/cgroup.procs"
 		done 2>/dev/null
 		'"$script" "$cgroup" "$@"
-	# On the node itself a background setsid, not host(): a subshell
-	# running that function would wait for it and hold this script's
-	# output open (`install.sh install | tee log` would hang).
+	# Not host() on the node itself: a subshell running that function would wait for setsid
+	# and hold this script's output open (`install.sh install | tee log` would hang).
 	if [ "$H" = "" ]; then
 		setsid "$@" </dev/null >/dev/null 2>&1 &
 	else
@@ -393,8 +307,6 @@ detach() {
 	fi
 }
 
-# restart_containerd_detached restarts containerd from a host process in
-# the host's root cgroups, which outlives this pod's processes.
 restart_containerd_detached() {
 	echo "restarting containerd ($CONTAINERD_RESTART), detached"
 	detach "" 'exec sh -c "$1"' "$CONTAINERD_RESTART"
@@ -402,24 +314,18 @@ restart_containerd_detached() {
 
 # --- without systemd: a detached host process in a cgroup of its own ---
 
-# running_pid prints the daemon's pid when the pidfile names a live
-# process running $BIN: its command line starts with $BIN (or, for a
-# script, an interpreter and $BIN), as start_detached execs it. A pidfile
-# that outlived the process (a reboot, on a --socket directory that is not
-# a tmpfs) may name a pid reused by another process, one whose command line
-# merely mentions grouped-snapshotter among them (this pod's own shell).
+# running_pid prints the daemon's pid when the pidfile names a live process whose command line
+# starts with $BIN (or an interpreter and $BIN), as start_detached execs it: a pidfile that
+# outlived a reboot may name a reused pid, one merely mentioning grouped-snapshotter included.
 running_pid() {
 	pid=$(cat "$H$PIDFILE" 2>/dev/null) || return 1
 	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
-	# shellcheck disable=SC2016 # expanded by the host's shell
 	host sh -c 'kill -0 "$1" 2>/dev/null && tr "\000" "\n" <"/proc/$1/cmdline" | head -n 2 | grep -qxF -- "$2"' sh "$pid" "$BIN" || return 1
 	echo "$pid"
 }
 
-# start_detached starts the daemon on the host, outside this pod: in a new
-# session, in cgroups of its own (a pod's cgroup is killed with the pod),
-# with its output in the log file. The daemon itself refuses to start when
-# another one serves the socket or holds the metadata.
+# start_detached starts the daemon on the host, outside this pod, logging to the log file. The
+# daemon refuses to start when another one serves the socket or holds the metadata.
 start_detached() {
 	mkdir -p "$H$RUN_DIR" "$(dirname "$H$LOG_FILE")"
 	# shellcheck disable=SC2046 # daemon_args is a list of words
@@ -431,8 +337,7 @@ start_detached() {
 	echo "started grouped-snapshotter on the host (log $LOG_FILE)"
 }
 
-# stop_detached ends the daemon the pidfile names. The pidfile goes first,
-# so that `supervise` does not take the stop for a crash.
+# stop_detached removes the pidfile first, so that `supervise` does not take the stop for a crash.
 stop_detached() {
 	pid=$(running_pid) || { rm -f "$H$PIDFILE"; return 0; }
 	rm -f "$H$PIDFILE"
@@ -440,58 +345,45 @@ stop_detached() {
 	i=0
 	while host kill -0 "$pid" 2>/dev/null; do
 		i=$((i + 1))
-		if [ $i -gt 450 ]; then
-			echo "install.sh: grouped-snapshotter (pid $pid) did not stop within 45 s" >&2
-			exit 1
-		fi
+		[ $i -le 450 ] || die 1 "grouped-snapshotter (pid $pid) did not stop within 45 s"
 		sleep 0.1
 	done
 	echo "stopped grouped-snapshotter (pid $pid)"
 }
 
-remove_cgroups() {
-	host sh -c 'for d in /sys/fs/cgroup/*/'"$CGROUP_NAME"' /sys/fs/cgroup/'"$CGROUP_NAME"'; do [ ! -d "$d" ] || rmdir "$d" 2>/dev/null || true; done'
-}
+remove_cgroups() { host sh -c 'for d in /sys/fs/cgroup/*/'"$CGROUP_NAME"' /sys/fs/cgroup/'"$CGROUP_NAME"'; do [ ! -d "$d" ] || rmdir "$d" 2>/dev/null || true; done'; }
 
+# start_service (re)starts the daemon and waits for its socket: containerd must not load the
+# drop-in before (every pod on grouped would fail with "failed to find snapshotter"). A new
+# binary or unit restarts it; an unchanged one keeps serving.
 start_service() {
 	if [ "$SERVICE_MANAGER" = systemd ]; then
 		host systemctl daemon-reload
 		host systemctl enable grouped-snapshotter.service >/dev/null
-		# A new binary or unit (or a first install) restarts the daemon;
-		# an unchanged one keeps serving, as without systemd.
-		# Type=notify: the job fails when the daemon exits before it is
-		# ready (a config it refuses, a root it will not migrate).
+		# Type=notify: the job fails when the daemon exits before it is ready.
 		verb=start
 		if [ "$BINARY_CHANGED" = 1 ] || [ "$UNIT_CHANGED" = 1 ]; then verb=restart; fi
 		if ! host systemctl "$verb" grouped-snapshotter.service; then
-			echo "install.sh: grouped-snapshotter did not start; its last lines:" >&2
+			warn "grouped-snapshotter did not start; its last lines:"
 			host journalctl -u grouped-snapshotter.service -n 8 --no-pager -o cat >&2 || true
-			echo "install.sh: containerd left untouched; fix the above and run the install again" >&2
-			exit 1
+			die 1 "containerd left untouched; fix the above and run the install again"
 		fi
-	else
-		# A new binary (or a first install) restarts the daemon; an
-		# unchanged one keeps serving.
-		if [ "$BINARY_CHANGED" = 1 ] || ! running_pid >/dev/null; then
-			stop_detached
-			start_detached
-		fi
+	elif [ "$BINARY_CHANGED" = 1 ] || ! running_pid >/dev/null; then
+		stop_detached
+		start_detached
 	fi
 	wait_for_socket
 }
 
-BINARY_CHANGED=0
-UNIT_CHANGED=0
 do_install() {
 	if [ -z "$BINARY" ]; then
 		for b in "$HERE/grouped-snapshotter" "$HERE/../bin/grouped-snapshotter"; do
 			[ -x "$b" ] && BINARY=$b && break
 		done
 	fi
-	[ -n "$BINARY" ] && [ -x "$BINARY" ] || { echo "install.sh: no grouped-snapshotter binary (use --binary)" >&2; exit 1; }
+	if [ -z "$BINARY" ] || [ ! -x "$BINARY" ]; then die 1 "no grouped-snapshotter binary (use --binary)"; fi
 	plan_move
-	# Before anything is written: a node where the images cannot move is
-	# refused as it is.
+	# Refusals come before anything is written.
 	[ -z "$MOVE" ] || check_move
 	render_runtime
 	render_cri
@@ -507,9 +399,8 @@ do_install() {
 		for example in "$HERE/config.toml.example" "$HERE/../config.toml.example"; do
 			[ -f "$example" ] || continue
 			if [ -n "$RUNTIME_HANDLER" ]; then
-				# The handler's pods find their image in grouped as CRI
-				# pulls it into overlayfs: the daemon borrows overlayfs's
-				# layers by hard links instead of an unpack at the first pod.
+				# The handler's pods find the images CRI pulls into overlayfs in grouped:
+				# the daemon borrows overlayfs's layers instead of an unpack at the first pod.
 				borrow_config "$example" >"$rendered"
 				install_file "$rendered" "$H$CONFIG_FILE" 0644 || true
 			else
@@ -518,41 +409,38 @@ do_install() {
 			break
 		done
 	fi
-	if [ "$START" = 1 ]; then
-		start_service
-	fi
+	[ "$START" = 0 ] || start_service
 	if [ ! -d "$H$CONFD" ]; then
 		# Remember that conf.d is ours, so uninstall can remove it again.
 		mkdir -p "$H$CONFD"
 		: >"$H$CONFD/.created-by-grouped-snapshotter"
 	fi
 	runtime_dropin
-	if [ -n "$MOVE" ]; then
-		switch_cri
-		echo "grouped-snapshotter installed"
-		return 0
-	fi
-	dropin >"$rendered"
-	dropin_changed=$RUNTIME_CHANGED
-	if install_file "$rendered" "$H$DROPIN" 0644; then dropin_changed=1; fi
-	# A switch that died with CRI off (its watchdog turns CRI on again
-	# within seconds; this is the case it could not run).
-	if [ -f "$H$CRI_PAUSE" ]; then
-		rm -f "$H$CRI_PAUSE"
-		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
-		dropin_changed=1
-	fi
-	ensure_imports
-	if [ "$START" = 1 ] && { [ "$dropin_changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
-		echo "the snapshotter answers on $SOCKET: containerd can load the drop-in"
-		restart_containerd
-		forget_stale
-	fi
+	if [ -n "$MOVE" ]; then switch_cri; else load_dropin "can load the drop-in"; fi
 	echo "grouped-snapshotter installed"
 }
 
-# borrow_config prints the config file $1 with borrow_from = "overlayfs"
-# (--runtime-handler: CRI's pulls go to overlayfs).
+# load_dropin WHAT installs DROPIN as dropin renders it and, when a file changed, restarts
+# containerd so that it loads it, then forget_stale.
+load_dropin() {
+	dropin >"$rendered"
+	changed=$RUNTIME_CHANGED
+	if install_file "$rendered" "$H$DROPIN" 0644; then changed=1; fi
+	ensure_imports
+	# Left by a switch that died with CRI off where its watchdog could not run.
+	if [ -f "$H$CRI_PAUSE" ]; then
+		rm -f "$H$CRI_PAUSE"
+		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
+		changed=1
+	fi
+	if [ "$START" = 1 ] && { [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ]; }; then
+		echo "the snapshotter answers on $SOCKET: containerd $1"
+		restart_containerd
+		forget_stale
+	fi
+}
+
+# borrow_config prints the config file $1 with borrow_from = "overlayfs".
 borrow_config() {
 	if grep -Eq '^[[:space:]]*borrow_from[[:space:]]*=' "$1"; then
 		sed -E 's/^[[:space:]]*borrow_from[[:space:]]*=.*/borrow_from = "overlayfs"/' "$1"
@@ -562,31 +450,22 @@ borrow_config() {
 	fi
 }
 
-# render_runtime renders the drop-in of --runtime-handler from
-# containerd's configuration as the host's containerd reads it, with the
-# binary being installed, before anything is written: a handler that
-# cannot be rendered stops the install with the node unchanged.
-RUNTIME_RENDERED=
+# render_runtime renders the drop-in of --runtime-handler from containerd's configuration as
+# the host's containerd reads it, with the binary being installed, before anything is written.
 render_runtime() {
 	[ -n "$RUNTIME_HANDLER" ] || return 0
 	RUNTIME_RENDERED=$(mktemp)
-	# shellcheck disable=SC2016 # expanded by the host's shell
 	if ! host sh -c '"$1" --config "$2" config dump | "$3" runtime-handler --name "$4"' sh \
 		"$CONTAINERD_BIN" "$CONTAINERD_CONFIG" "$(abs_binary)" "$RUNTIME_HANDLER" >"$RUNTIME_RENDERED"; then
 		rm -f "$RUNTIME_RENDERED"
-		echo "install.sh: cannot render runtime handler $RUNTIME_HANDLER from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed" >&2
-		exit 1
+		die 1 "cannot render runtime handler $RUNTIME_HANDLER from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed"
 	fi
 }
 
-# render_cri renders, before anything is written, the runtime handler
-# CRI_HANDLER for DROPIN's CRI part (CRI_RENDERED): whenever DROPIN may
-# make grouped CRI's snapshotter here, the first step of --export's switch
-# included. It is a copy of the handler that was containerd's default
-# before the install: the dump's default, or, once an install made
-# CRI_HANDLER the default, the one DROPIN recorded. A handler that cannot
-# be rendered stops the install with the node unchanged.
-CRI_RENDERED=
+# render_cri renders, before anything is written, CRI_HANDLER for DROPIN's CRI part
+# (CRI_RENDERED) whenever DROPIN may make grouped CRI's snapshotter, the first step of
+# --export's switch included: a copy of the default handler from before the install (the
+# dump's default, or the one DROPIN recorded once CRI_HANDLER is the default).
 render_cri() {
 	[ "$CRI" = 1 ] || [ "$MOVE" = export ] || return 0
 	dump=$(mktemp)
@@ -597,13 +476,10 @@ render_cri() {
 	if host "$CONTAINERD_BIN" --config "$CONTAINERD_CONFIG" config dump >"$dump" 2>"$raw"; then
 		current=$(sed -n "s/^[[:space:]]*default_runtime_name = [\"']\([^\"']*\)[\"']\$/\1/p" "$dump" | head -n 1)
 		[ -n "$template" ] || template=${current:-runc}
-		# A dump whose default is CRI_HANDLER itself (this drop-in's) is
-		# rendered as if the recorded default were still the default.
 		if [ "$template" != "$CRI_HANDLER" ] &&
 			sed "s/^\([[:space:]]*default_runtime_name = \).*\$/\1'$template'/" "$dump" |
 			host "$(abs_binary)" runtime-handler --name "$CRI_HANDLER" --snapshotter "" >"$raw"; then
-			# Its tables go into DROPIN, after tables of its own: no
-			# comments, version or empty parent tables, and the default.
+			# Its tables follow DROPIN's own: no comments, version or empty parent tables.
 			{
 				echo "$CRI_TEMPLATE_MARK \"$template\""
 				sed -e '/^#/d' -e '/^version = /d' -e '/^$/d' \
@@ -621,21 +497,18 @@ default_runtime_name = '$CRI_HANDLER'" "$raw"
 	fi
 	cat "$raw" >&2
 	rm -f "$dump" "$raw" "$CRI_RENDERED"
-	echo "install.sh: cannot render CRI's default runtime handler $CRI_HANDLER (a copy of ${template:-the default one}) from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed" >&2
-	exit 1
+	die 1 "cannot render CRI's default runtime handler $CRI_HANDLER (a copy of ${template:-the default one}) from \`$CONTAINERD_BIN --config $CONTAINERD_CONFIG config dump\` (above): nothing was installed or changed"
 }
 
-# runtime_dropin installs the rendered drop-in of --runtime-handler, or
-# removes one an earlier install left; it sets RUNTIME_CHANGED=1 when it
-# changed a file.
-RUNTIME_CHANGED=0
+# runtime_dropin installs the rendered drop-in of --runtime-handler, or removes one an earlier
+# install left; it sets RUNTIME_CHANGED=1 when it changed a file.
 runtime_dropin() {
 	if [ -n "$RUNTIME_RENDERED" ]; then
 		if install_file "$RUNTIME_RENDERED" "$H$RUNTIME_DROPIN" 0644; then
 			RUNTIME_CHANGED=1
 			echo "runtime handler $RUNTIME_HANDLER runs its pods on grouped; CRI's other pods and its pulls stay on its snapshotter"
-			# containerd's CRI syncs writable-layer usage for its default
-			# snapshotter only (plugins/cri/images/plugin.go, 2.0 to 2.4).
+			# containerd's CRI syncs writable-layer usage for its default snapshotter only
+			# (plugins/cri/images/plugin.go, 2.0 to 2.4).
 			echo "note: kubelet sees no writable-layer usage of pods of handler $RUNTIME_HANDLER (containerd's CRI reports it for its default snapshotter only), and while one runs kubelet's eviction manager fails to get summary stats and evicts no pod on the node: alert on grouped_snapshotter_writable_layer_bytes (docs/operations.md)"
 		fi
 		rm -f "$RUNTIME_RENDERED"
@@ -648,56 +521,30 @@ runtime_dropin() {
 
 # --- moving CRI's images when its snapshotter changes (--import, --export) ---
 
-# cri_on_grouped: the installed drop-in makes grouped CRI's snapshotter.
-cri_on_grouped() {
-	[ -f "$H$DROPIN" ] && grep -q "io.containerd.cri.v1.images" "$H$DROPIN"
-}
+cri_on_grouped() { [ -f "$H$DROPIN" ] && grep -q "io.containerd.cri.v1.images" "$H$DROPIN"; }
 
-# plan_move sets MOVE to import or export when this install switches CRI's
-# snapshotter and is asked to move the images first, to "" otherwise, and
-# FROM/TO to the two snapshotters' names.
-MOVE=
+# plan_move sets MOVE and FROM/TO, the two snapshotters.
 plan_move() {
-	if [ "$IMPORT" = 1 ] && [ "$CRI" = 0 ]; then
-		echo "install.sh: --import moves the node's images for CRI: it needs --cri" >&2
-		exit 2
-	fi
-	if [ "$IMPORT" = 1 ] && [ "$EXPORT" = 1 ]; then
-		echo "install.sh: install takes --import (with --cri) or --export (without), not both" >&2
-		exit 2
-	fi
-	if [ "$START" = 0 ] && { [ "$IMPORT" = 1 ] || [ "$EXPORT" = 1 ]; }; then
-		echo "install.sh: --import and --export need the daemon and containerd running; not with --no-start" >&2
-		exit 2
-	fi
+	[ "$IMPORT" = 0 ] || [ "$CRI" = 1 ] || die 2 "--import moves the node's images for CRI: it needs --cri"
+	[ "$IMPORT" = 0 ] || [ "$EXPORT" = 0 ] || die 2 "install takes --import (with --cri) or --export (without), not both"
+	[ "$START" = 1 ] || [ "$IMPORT$EXPORT" = 00 ] || die 2 "--import and --export need the daemon and containerd running; not with --no-start"
+	[ "$EXPORT" = 0 ] || [ "$CRI" = 0 ] || die 2 "install --export moves CRI's images back to overlayfs: not with --cri"
 	if [ "$IMPORT" = 1 ]; then
-		if cri_on_grouped; then
-			echo "CRI already runs on grouped: nothing to import"
-		else
-			MOVE=import FROM=overlayfs TO=grouped
-		fi
-	elif [ "$EXPORT" = 1 ] && [ "$CRI" = 0 ]; then
-		if cri_on_grouped; then
-			MOVE=export FROM=grouped TO=overlayfs
-		else
-			echo "CRI does not run on grouped: nothing to export"
-		fi
+		if cri_on_grouped; then echo "CRI already runs on grouped: nothing to import"; else MOVE=import FROM=overlayfs TO=grouped; fi
 	elif [ "$EXPORT" = 1 ]; then
-		echo "install.sh: install --export moves CRI's images back to overlayfs: not with --cri" >&2
-		exit 2
+		if cri_on_grouped; then MOVE=export FROM=grouped TO=overlayfs; else echo "CRI does not run on grouped: nothing to export"; fi
 	fi
 }
 
-# abs_binary prints --binary as a path the host can execute before it is
-# installed: in the DaemonSet through this process's root (hostPID).
+# abs_binary prints --binary as a path the host can execute before it is installed: in the
+# DaemonSet through this process's root (hostPID).
 abs_binary() {
 	b=$(cd "$(dirname "$BINARY")" && pwd)/$(basename "$BINARY")
 	if [ -n "$H" ]; then b=/proc/$$/root$b; fi
 	echo "$b"
 }
 
-# move_images BIN [FLAG...] runs `BIN $MOVE` for each namespace of
-# --export-namespaces. Its output says what it does.
+# move_images BIN [FLAG...] runs `BIN $MOVE` for each namespace of --export-namespaces.
 move_images() {
 	bin=$1
 	shift
@@ -706,36 +553,28 @@ move_images() {
 	done
 }
 
-# check_move refuses, before the install writes anything, a node whose
-# images cannot move: containerd does not answer, an image cannot move, or
-# the copies (the two roots on different filesystems) would not fit.
+# check_move refuses a node whose images cannot move (containerd does not answer, an image
+# cannot move, copies across filesystems would not fit) with a dry run.
 check_move() {
 	echo "checking that the images of containerd namespaces $EXPORT_NAMESPACES can move from $FROM to $TO"
 	dest=
 	[ "$MOVE" = export ] || dest="--destination-root $ROOT"
 	# shellcheck disable=SC2086 # dest is a list of words
-	if ! move_images "$(abs_binary)" --dry-run $dest; then
-		echo "install.sh: the node's images cannot move from $FROM to $TO (above): nothing was installed or changed" >&2
-		exit 1
-	fi
+	move_images "$(abs_binary)" --dry-run $dest ||
+		die 1 "the node's images cannot move from $FROM to $TO (above): nothing was installed or changed"
 }
 
-# forget_stale, once containerd has loaded the plugin and before anything
-# unpacks into grouped: an uninstall --purge while containers ran on
-# grouped leaves containerd records of snapshots the new root does not
-# have, and containerd refuses to unpack a layer under a name it records.
-# Not fatal: containerd already runs with the plugin, and the records only
-# stop images unpacked before the purge.
+# forget_stale, once containerd has loaded the plugin and before anything unpacks into grouped:
+# records of snapshots an uninstall --purge deleted under running containers make containerd
+# refuse to unpack those layers again. Not fatal: only images unpacked before the purge suffer.
 forget_stale() {
 	host "$BIN" forget --stale --containerd-address "$CONTAINERD_ADDRESS" ||
-		echo "install.sh: warning: containerd's records of snapshots grouped no longer has could not be removed (above); unpacking an image into grouped that was there before the last purge may fail until \`grouped-snapshotter forget --stale\` succeeds" >&2
+		warn "warning: containerd's records of snapshots grouped no longer has could not be removed (above); unpacking an image into grouped that was there before the last purge may fail until \`grouped-snapshotter forget --stale\` succeeds"
 }
 
-# pause_cri turns CRI's gRPC service off with a containerd restart: kubelet
-# can then neither pull nor start anything. A host process outside this
-# pod turns it on again should this script die meanwhile (a pod deleted
-# mid-switch): without CRI, kubelet could not start the pod that would
-# finish the switch.
+# pause_cri turns CRI's gRPC service off (a containerd restart): kubelet can neither pull nor
+# start anything. Should this script die meanwhile (its pod deleted), a host process turns CRI
+# on again: without CRI, kubelet could not start the pod that would finish the switch.
 pause_cri() {
 	cat >"$H$CRI_PAUSE.tmp.$$" <<TOML
 # Written by grouped-snapshotter's install.sh while it moves the last of
@@ -756,55 +595,24 @@ TOML
 	restart_containerd
 }
 
-# resume_cri_refuse MESSAGE: CRI on again as it was, then the refusal.
-resume_cri_refuse() {
-	rm -f "$H$CRI_PAUSE"
-	echo "turning CRI on again, on $FROM as before"
-	restart_containerd || true
-	echo "install.sh: $1; CRI runs its pods from $FROM as before the install, nothing was switched; run the install again to finish (the $MOVE resumes)" >&2
-	exit 1
-}
-
-# switch_cri changes CRI's snapshotter from FROM to TO so that no pod
-# pulls or unpacks an image FROM holds, a pod created meanwhile included:
-#  1. containerd loads the drop-in with CRI's snapshotter unchanged (a
-#     restart if the drop-in or the imports line changed), so that it knows
-#     both snapshotters; CRI keeps serving pods from FROM;
-#  2. the images move while CRI keeps working: the long part, hard links
-#     (copies across filesystems);
-#  3. CRI's gRPC service goes off (a restart): no pull and no pod start
-#     can happen from here; what kubelet pulled during 2 moves, usually
-#     nothing, in a fraction of a second per image;
-#  4. CRI comes back on TO (a restart), with every image it holds in TO.
-# A move that fails (containerd restarted or stopped answering during it,
-# no room) stops the switch with CRI still on FROM.
+# switch_cri changes CRI's snapshotter from FROM to TO so that no pod pulls or unpacks an image
+# FROM holds, one created meanwhile included; the steps are docs/operations.md's "Switching
+# CRI's snapshotter without a pull storm". A failed move leaves CRI on FROM.
 switch_cri() {
 	want_cri=$CRI
 	if [ "$MOVE" = import ]; then CRI=0; else CRI=1; fi
-	dropin >"$rendered"
+	load_dropin "loads the drop-in; CRI keeps running pods from $FROM"
 	CRI=$want_cri
-	changed=0
-	if install_file "$rendered" "$H$DROPIN" 0644; then changed=1; fi
-	ensure_imports
-	if [ -f "$H$CRI_PAUSE" ]; then
-		rm -f "$H$CRI_PAUSE"
-		echo "removed $H$CRI_PAUSE, left by an interrupted switch of CRI's snapshotter"
-		changed=1
-	fi
-	if [ "$changed" = 1 ] || [ "$CONFIG_CHANGED" = 1 ] || [ "$RUNTIME_CHANGED" = 1 ]; then
-		echo "the snapshotter answers on $SOCKET: containerd loads the drop-in; CRI keeps running pods from $FROM"
-		restart_containerd
-		forget_stale
-	fi
 	echo "${MOVE}ing the images of containerd namespaces $EXPORT_NAMESPACES from $FROM to $TO while CRI keeps serving pods from $FROM"
-	if ! move_images "$BIN"; then
-		echo "install.sh: the $MOVE from $FROM to $TO failed (above); CRI runs its pods from $FROM as before, nothing was switched; run the install again to finish (the $MOVE resumes)" >&2
-		exit 1
-	fi
+	move_images "$BIN" ||
+		die 1 "the $MOVE from $FROM to $TO failed (above); CRI runs its pods from $FROM as before, nothing was switched; run the install again to finish (the $MOVE resumes)"
 	pause_cri
 	echo "${MOVE}ing what CRI pulled meanwhile"
 	if ! move_images "$BIN"; then
-		resume_cri_refuse "the $MOVE from $FROM to $TO failed (above)"
+		rm -f "$H$CRI_PAUSE"
+		echo "turning CRI on again, on $FROM as before"
+		restart_containerd || true
+		die 1 "the $MOVE from $FROM to $TO failed (above); CRI runs its pods from $FROM as before the install, nothing was switched; run the install again to finish (the $MOVE resumes)"
 	fi
 	dropin >"$rendered"
 	install_file "$rendered" "$H$DROPIN" 0644 || true
@@ -814,33 +622,21 @@ switch_cri() {
 	echo "CRI switched from $FROM to $TO with every image of $EXPORT_NAMESPACES in $TO"
 }
 
-# export_images: before anything is removed, make every image of the
-# export namespaces unpacked in containerd's overlayfs again, from the
-# running daemon's layers (grouped-snapshotter export, hard links). A
-# failure stops the uninstall with the node unchanged.
+# export_images: before anything is removed, every image of the export namespaces unpacked in
+# overlayfs again from the running daemon's layers; a failure leaves the node unchanged.
 export_images() {
-	if [ "$START" = 0 ]; then
-		echo "install.sh: --export needs the daemon and containerd running; not with --no-start" >&2
-		exit 2
-	fi
-	if [ ! -x "$H$BIN" ]; then
-		echo "install.sh: --export: $BIN is not installed" >&2
-		exit 1
-	fi
+	[ "$START" = 1 ] || die 2 "--export needs the daemon and containerd running; not with --no-start"
+	[ -x "$H$BIN" ] || die 1 "--export: $BIN is not installed"
 	for ns in $EXPORT_NAMESPACES; do
 		echo "exporting the images of containerd namespace $ns to overlayfs"
-		if ! host "$BIN" export --containerd-address "$CONTAINERD_ADDRESS" --namespace "$ns"; then
-			echo "install.sh: export of namespace $ns failed; nothing was uninstalled" >&2
-			exit 1
-		fi
+		host "$BIN" export --containerd-address "$CONTAINERD_ADDRESS" --namespace "$ns" ||
+			die 1 "export of namespace $ns failed; nothing was uninstalled"
 	done
 }
 
-# check_purge refuses an uninstall --purge, before anything changes, while
-# mounts (containers' root filesystems) use files in the root: the purge,
-# once the daemon has stopped, would refuse too, or with --force-purge
-# leave them on deleted files. Run from the DaemonSet pod, that pod's own
-# containers do not count: the purge waits until they are gone. A binary
+# check_purge refuses an uninstall --purge, before anything changes, while mounts use files in
+# the root (the purge would refuse too, or with --force-purge leave them on deleted files). The
+# DaemonSet pod's own containers do not count: the purge waits until they are gone. A binary
 # whose purge lacks --check (older releases) is not asked.
 check_purge() {
 	[ -x "$H$BIN" ] || return 0
@@ -850,37 +646,30 @@ check_purge() {
 	# shellcheck disable=SC2086 # pod is a list of words
 	host "$BIN" purge --check --config /dev/null --root "$ROOT" $pod && return 0
 	if [ -n "$PURGE_FORCE" ]; then
-		echo "install.sh: warning: --force-purge: the purge deletes the files of the mounts above" >&2
+		warn "warning: --force-purge: the purge deletes the files of the mounts above"
 		return 0
 	fi
-	echo "install.sh: the purge of $ROOT is refused (above): nothing was uninstalled; remove those containers first, or uninstall with --force-purge" >&2
-	exit 1
+	die 1 "the purge of $ROOT is refused (above): nothing was uninstalled; remove those containers first, or uninstall with --force-purge"
 }
 
 do_uninstall() {
 	[ "$PURGE" = 0 ] || check_purge
 	[ "$EXPORT" = 0 ] || export_images
 	if [ "$PURGE" = 1 ] && [ "$START" = 1 ] && [ -x "$H$BIN" ]; then
-		# containerd keeps its own record of each of grouped's snapshots;
-		# the purge deletes the snapshots, so the records go first, while
-		# containerd still knows the snapshotter (a later install would
-		# otherwise meet records of snapshots it does not have).
-		if ! host "$BIN" forget --containerd-address "$CONTAINERD_ADDRESS"; then
-			echo "install.sh: containerd's records of grouped's snapshots could not be removed (above; containerd lists them through the running daemon); nothing was uninstalled: start the daemon, or uninstall without --purge" >&2
-			exit 1
-		fi
+		# The purge deletes grouped's snapshots: containerd's records of them go first, while
+		# containerd still knows the snapshotter.
+		host "$BIN" forget --containerd-address "$CONTAINERD_ADDRESS" ||
+			die 1 "containerd's records of grouped's snapshots could not be removed (above; containerd lists them through the running daemon); nothing was uninstalled: start the daemon, or uninstall without --purge"
 	fi
 	removed_dropin=0
-	[ -f "$H$DROPIN" ] && removed_dropin=1
-	[ -f "$H$RUNTIME_DROPIN" ] && removed_dropin=1 && echo "removed $H$RUNTIME_DROPIN"
-	rm -f "$H$DROPIN" "$H$CRI_PAUSE" "$H$RUNTIME_DROPIN"
-	[ "$removed_dropin" = 0 ] || echo "removed $H$DROPIN"
+	if [ -f "$H$DROPIN" ] || [ -f "$H$RUNTIME_DROPIN" ]; then removed_dropin=1; fi
+	remove "$H$RUNTIME_DROPIN" "$H$DROPIN"
+	rm -f "$H$CRI_PAUSE"
 	if [ -f "$H$CONFD/.created-by-grouped-snapshotter" ]; then
 		rm -f "$H$CONFD/.created-by-grouped-snapshotter"
 		rmdir "$H$CONFD" 2>/dev/null || true
 	fi
-	# Undo ensure_imports: the whole file if install created it, else the
-	# two lines it added.
+	# Undo ensure_imports: the whole file if install created it, else the two lines it added.
 	cfg=$H$CONTAINERD_CONFIG
 	if [ -f "$cfg" ]; then
 		if [ "$(head -n 1 "$cfg")" = "$MARK (whole file)" ]; then
@@ -893,76 +682,58 @@ do_uninstall() {
 			mv -f "$tmp" "$cfg" && echo "removed the imports line install added to $cfg"
 		fi
 	fi
-	if [ "$START" = 1 ]; then
-		if [ "$SERVICE_MANAGER" = systemd ]; then
-			host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
-			# A failed unit (a crash loop that hit the start limit) stays
-			# loaded and listed by systemctl --failed, its file gone or not.
-			host systemctl reset-failed grouped-snapshotter.service 2>/dev/null || true
-		else
-			stop_detached
-			remove_cgroups
-		fi
+	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
+		host systemctl disable --now grouped-snapshotter.service 2>/dev/null || true
+		# A failed unit (a crash loop that hit the start limit) stays loaded and listed by
+		# systemctl --failed, its file gone or not.
+		host systemctl reset-failed grouped-snapshotter.service 2>/dev/null || true
+	elif [ "$START" = 1 ]; then
+		stop_detached
+		remove_cgroups
 	fi
 	if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ] && supervisor_pid=$(running_supervisor); then
-		# Run from the DaemonSet pod (kubectl exec): the pod's own root
-		# filesystem may be made of the snapshotter's layers, so the
-		# purge waits on the host until the pod is gone.
+		# Run from the DaemonSet pod, whose own root filesystem may be made of grouped's layers.
 		deferred_purge "$supervisor_pid"
 		echo "the data in $ROOT is purged once this pod is deleted; should the purge be refused then, it says why in $LOG_FILE, kept with $BIN"
 	else
-		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ]; then
-			# Refuses while a daemon serves the socket; unmounts the mapped
-			# parents. Not the config file: root and socket are given, and a
-			# config the daemon refused (why it may have failed) must not
-			# stop the purge halfway.
-			# shellcheck disable=SC2086 # PURGE_FORCE is empty or one word
-			if ! host "$BIN" purge $PURGE_FORCE --config /dev/null --root "$ROOT" --address "$SOCKET"; then
-				PURGE_FAILED=1
-			fi
+		# The purge refuses while a daemon serves the socket, and unmounts the mapped parents.
+		# Not with the config file: one the daemon refused must not stop the purge halfway.
+		# shellcheck disable=SC2086 # PURGE_FORCE is empty or one word
+		if [ "$PURGE" = 1 ] && [ -x "$H$BIN" ] &&
+			! host "$BIN" purge $PURGE_FORCE --config /dev/null --root "$ROOT" --address "$SOCKET"; then
+			PURGE_FAILED=1
 		fi
 		remove_files
 	fi
-	if [ "$START" = 1 ] && [ "$SERVICE_MANAGER" = systemd ]; then
-		host systemctl daemon-reload
-	fi
+	[ "$START" = 0 ] || [ "$SERVICE_MANAGER" != systemd ] || host systemctl daemon-reload
 	if [ "$PURGE_FAILED" = 1 ]; then
 		# Not fatal before containerd's restart below: the drop-in is gone.
-		echo "install.sh: grouped-snapshotter uninstalled, but its data in $H$ROOT was NOT purged: the purge failed (above); $H$BIN stays for it: $BIN purge --root $ROOT --address $SOCKET" >&2
+		warn "grouped-snapshotter uninstalled, but its data in $H$ROOT was NOT purged: the purge failed (above); $H$BIN stays for it: $BIN purge --root $ROOT --address $SOCKET"
 	elif [ "$PURGE" = 1 ]; then
 		echo "grouped-snapshotter uninstalled"
 	else
-		# Images pulled with grouped-snapshotter are gone from
-		# containerd's view once the drop-in is.
 		echo "grouped-snapshotter uninstalled (data in $H$ROOT kept; uninstall --purge removes it)"
 	fi
-	# Last: containerd forgets the snapshotter. Run through kubectl exec,
-	# this session ends with containerd (CRI serves exec), so the restart
-	# runs detached on the host.
+	# Last: containerd forgets the snapshotter. Through kubectl exec this session ends with
+	# containerd (CRI serves exec), so the restart runs detached on the host.
 	if [ "$START" = 1 ] && [ "$removed_dropin" = 1 ]; then
-		if [ -n "$H" ]; then
-			restart_containerd_detached
-		else
-			restart_containerd
-		fi
+		if [ -n "$H" ]; then restart_containerd_detached; else restart_containerd; fi
 	fi
 	[ "$PURGE_FAILED" = 0 ] || exit 1
 }
 
+# remove_files: a failed purge keeps the binary, to run it again, and the log.
 remove_files() {
-	# A failed purge keeps the binary to run it again, and the log.
-	keep=
-	[ "$PURGE_FAILED" = 0 ] || keep=$H$BIN
-	for f in "$H$UNIT" "$H$BIN" "$H$CONFIG_FILE"; do
-		if [ -e "$f" ] && [ "$f" != "$keep" ]; then rm -f "$f" && echo "removed $f"; fi
-	done
-	if [ "$PURGE" = 1 ] && [ "$PURGE_FAILED" = 0 ] && [ -f "$H$LOG_FILE" ]; then rm -f "$H$LOG_FILE" && echo "removed $H$LOG_FILE"; fi
+	remove "$H$UNIT"
+	[ "$PURGE_FAILED" = 1 ] || remove "$H$BIN"
+	remove "$H$CONFIG_FILE"
+	[ "$PURGE$PURGE_FAILED" != 10 ] || remove "$H$LOG_FILE"
 	rmdir "$(dirname "$H$CONFIG_FILE")" 2>/dev/null || true
 	rmdir "$H$RUN_DIR" 2>/dev/null || true
 }
 
-# The supervise loop of a DaemonSet pod records its (host) pid in the pod's
-# own /tmp, where an uninstall run with kubectl exec in the same pod finds it.
+# The supervise loop of a DaemonSet pod records its (host) pid in the pod's own /tmp, where an
+# uninstall run with kubectl exec in the same pod finds it.
 SUPERVISOR_PIDFILE=/tmp/grouped-snapshotter-supervise.pid
 running_supervisor() {
 	[ -n "$H" ] || return 1
@@ -972,11 +743,9 @@ running_supervisor() {
 	echo "$pid"
 }
 
-# deferred_purge PID: a host process, outside this pod's cgroups, waits for
-# PID (this pod's main process) to end, then purges the root and removes
-# the binary, config, unit and log. It gives up after an hour. The pod's
-# log is gone by then: a refusal goes to the log file, which stays, with
-# the binary to run the purge again.
+# deferred_purge PID: a host process, outside this pod's cgroups, waits (up to an hour) for PID,
+# this pod's main process, to end, then purges the root and removes the binary, config, unit and
+# log. The pod's log is gone by then: a refusal goes to the log file, kept with the binary.
 deferred_purge() {
 	detach "" '
 		pid=$1 bin=$2 root=$3 socket=$4 configdir=$5 rundir=$6 log=$7 force=$8
@@ -999,9 +768,8 @@ deferred_purge() {
 		"$UNIT" "$BIN" "$CONFIG_FILE" "$LOG_FILE"
 }
 
-# do_supervise is the DaemonSet pod's main loop after install: without
-# systemd it restarts a daemon that died (not one uninstall stopped: that
-# removed the pidfile first); with systemd, systemd does that.
+# do_supervise is the DaemonSet pod's main loop: without systemd it restarts a daemon that died
+# (not one uninstall stopped: that removed the pidfile first).
 do_supervise() {
 	echo $$ >"$SUPERVISOR_PIDFILE"
 	trap 'exit 0' TERM INT
