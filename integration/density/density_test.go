@@ -47,16 +47,16 @@ func TestUsernsPodsAtDensity(t *testing.T) {
 // expectMappedParents reports whether grouped-snapshotter, configured with
 // idmap mode (the installed config's; "" is the daemon's default), returns
 // user-namespaced snapshots through mapped parents on containerd version:
-// always in "view" mode, never in "shim" mode, and in "auto" mode only
-// before containerd 2.3, whose walking differ cannot read the shim shape.
+// always in "mapped" mode, never in "shim"
+// mode, and in "auto" mode (the default) only before containerd 2.3,
+// whose walking differ cannot read the shim shape.
 func expectMappedParents(mode, version string) (bool, error) {
 	switch mode {
-	case "view", "":
-		// Until "auto" came, "view" was the default.
+	case "mapped":
 		return true, nil
 	case "shim":
 		return false, nil
-	case "auto":
+	case "auto", "":
 		var major, minor int
 		if _, err := fmt.Sscanf(version, "v%d.%d", &major, &minor); err != nil {
 			return false, fmt.Errorf("containerd version %q: %w", version, err)
