@@ -6,8 +6,7 @@
 # packages of hack/apt-packages.txt installed by the run itself where
 # missing. Writes _output/results/integration/results/make-TARGET.json
 # (`make update-results` commits it, `make readme-tables` renders it) and
-# the run's log to _output/make-TARGET.log. As
-# root, like make test and make demo.
+# the run's log, _output/make-TARGET.log. As root, like make test and demo.
 set -euo pipefail
 target=${1:-test}
 case "$target" in
