@@ -5,12 +5,14 @@
 // integration/results/mount-syscalls.json, the Kubernetes pod-start
 // figures from integration/k8s/results/latest.json, the rollout's import
 // and export times from integration/k8s/results/rollout.json and the
-// compatibility matrix from integration/results/compat.json. Each section lives in
-// exactly one of those documents. Run it from the repository root (`make
+// compatibility matrix from integration/results/compat.json, and how long
+// `make test` and `make demo` took cold from integration/results/make-test.json
+// and make-demo.json. Each section lives in exactly one of those documents. Run it from the repository root (`make
 // readme-tables`); -check only reports whether the documents are current.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -60,8 +62,70 @@ func placement(texts map[string]string, sections map[string]string) (map[string]
 	return where, nil
 }
 
+// makeDemoFile holds how long `make demo` took on a fresh machine:
+// `hack/time-make-test.sh demo` writes its fresh copy under
+// _output/results, and the README's make-demo section is rendered from the
+// committed one.
+const makeDemoFile = "integration/results/make-demo.json"
+
+// makeDemo is makeDemoFile: results.MakeTest's fields but tests_passed,
+// since the demo runs no tests.
+type makeDemo struct {
+	Date       string `json:"date"`
+	Commit     string `json:"commit"`
+	Seconds    int    `json:"seconds"`
+	ExitStatus int    `json:"exit_status"`
+	Cores      int    `json:"cores"`
+	// MeanLoadAverage is the machine's 1-minute load average over the
+	// run, sampled each minute: above Cores, other work shared the
+	// machine and the time is an upper bound.
+	MeanLoadAverage float64 `json:"mean_load_average"`
+	Go              string  `json:"go"`
+	// AptInstalled are the Debian packages of hack/apt-packages.txt the
+	// run installed, comma-separated ("" when the machine had them all).
+	AptInstalled string `json:"apt_installed_by_the_run"`
+}
+
+// renderMakeDemo renders the README's make-demo section in the words of
+// the make-test one (results.RenderMakeTest); a failed run is refused.
+func renderMakeDemo(m makeDemo) (string, error) {
+	if m.ExitStatus != 0 || m.Seconds <= 0 || m.Cores <= 0 {
+		return "", fmt.Errorf("not a green run: exit status %d, %d s on %d cores", m.ExitStatus, m.Seconds, m.Cores)
+	}
+	apt := "every Debian package it needs was already there"
+	if m.AptInstalled != "" {
+		apt = "it installed " + strings.ReplaceAll(m.AptInstalled, ",", ", ") + " itself"
+	}
+	busy := fmt.Sprintf(";\nthe machine was not busy with other work (mean load average %.1f)", m.MeanLoadAverage)
+	if m.MeanLoadAverage > float64(m.Cores) {
+		busy = fmt.Sprintf(";\nthe machine was shared with other work (mean load average %.1f), so this\nis an upper bound", m.MeanLoadAverage)
+	}
+	return fmt.Sprintf("On a fresh clone with empty Go caches and no tools built, `make demo`\n"+
+		"took %d min %02d s on %d cores (%s, %s, commit\n%s; %s%s).\n",
+		m.Seconds/60, m.Seconds%60, m.Cores, m.Date, m.Go, m.Commit, apt, busy), nil
+}
+
+// sections are results.Sections and the make-demo section.
+func sections(root string) (map[string]string, error) {
+	s, err := results.Sections(root)
+	if err != nil {
+		return nil, err
+	}
+	var m makeDemo
+	if err := results.Read(filepath.Join(root, makeDemoFile), &m); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%s is missing: `hack/time-make-test.sh demo` writes it", makeDemoFile)
+		}
+		return nil, err
+	}
+	if s["make-demo"], err = renderMakeDemo(m); err != nil {
+		return nil, fmt.Errorf("%s: %w", makeDemoFile, err)
+	}
+	return s, nil
+}
+
 func run(root string, check bool) error {
-	sections, err := results.Sections(root)
+	sections, err := sections(root)
 	if err != nil {
 		return err
 	}
