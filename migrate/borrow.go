@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +24,6 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
-	"golang.org/x/sys/unix"
 )
 
 // A Borrower keeps the snapshotter serving Root in step with From (CRI's
@@ -318,25 +316,6 @@ func (b *Borrower) handle(ctx context.Context, c *client.Client, to string, batc
 	return nil
 }
 
-// atLowPriority runs f on an OS thread of its own at nice 10. Borrowing is
-// background work, and its hard links of an image's last layer are made
-// while the image's first pod starts. Not 19: on a node kept busy, a
-// starved borrower would leave containerd to unpack the image inside a
-// pod's creation.
-func atLowPriority(f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, and its
-		// priority with it.
-		runtime.LockOSThread()
-		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), borrowNice)
-		done <- f()
-	}()
-	return <-done
-}
-
-const borrowNice = 10
-
 // name returns the name containerd gives the snapshotter exporting Root.
 func (b *Borrower) name(ctx context.Context, c *client.Client) (string, error) {
 	resp, err := c.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1"`)
@@ -421,7 +400,7 @@ func (b *Borrower) do(ctx context.Context, c *client.Client, ns, to string, work
 			delete(b.layers, ns+"\x00"+chainID)
 			return dir
 		}}
-	err := atLowPriority(func() error { return work(ctx, r) })
+	err := work(ctx, r)
 	if id := b.lease[ns]; id != "" {
 		for _, l := range r.made {
 			b.leased[ns][id][l.String()] = true
