@@ -90,6 +90,7 @@ done
 # The image: build-image.sh pushes to a registry, so a throwaway one on a
 # free port of 127.0.0.1 receives it, and crane copies the index out as an
 # OCI layout.
+mkdir -p "$work/registry"
 "$CRANE" registry serve --address 127.0.0.1:0 --disk "$work/registry" >"$work/registry.log" 2>&1 &
 registry_pid=$!
 port=
