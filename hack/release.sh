@@ -103,9 +103,12 @@ done
 [ -n "$port" ] || { cat "$work/registry.log" >&2; die "the throwaway registry did not start"; }
 ref=127.0.0.1:$port/grouped-snapshotter:$VERSION
 echo "release: building the installer image for ${ARCHES[*]}"
-ARCH=$(IFS=,; echo "${ARCHES[*]}") INSECURE=1 VERSION=$VERSION COMMIT=$COMMIT \
+if ! ARCH=$(IFS=,; echo "${ARCHES[*]}") INSECURE=1 VERSION=$VERSION COMMIT=$COMMIT \
 	BINARY_AMD64="$OUT/$(name amd64)" BINARY_ARM64="$OUT/$(name arm64)" \
-	hack/build-image.sh "$ref" >/dev/null
+	hack/build-image.sh "$ref" >"$work/image.log" 2>&1; then
+	cat "$work/image.log" >&2
+	die "hack/build-image.sh failed (above)"
+fi
 "$CRANE" pull --insecure --format=oci "$ref" "$OUT/image"
 
 echo "release: $VERSION (commit $COMMIT) in $OUT:"
