@@ -11,8 +11,9 @@
 #                                                      both architectures: an OCI layout whose
 #                                                      index.json holds one multi-platform index
 #
-# The binaries print `grouped-snapshotter VERSION (commit COMMIT)`. Tarballs
-# are reproducible: sorted names, owner 0, every mtime the commit's time.
+# The binaries print `grouped-snapshotter VERSION (commit COMMIT)`. Two runs
+# at one commit write the same bytes, image included (tarballs: sorted
+# names, owner 0, every mtime the commit's time, gzip -n).
 # The image is built with crane through a throwaway registry on 127.0.0.1
 # (no container engine) and holds the same binaries.
 #
