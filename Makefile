@@ -5,7 +5,9 @@ GO        ?= go
 TOOLS_DIR ?= $(CURDIR)/.tools
 export GS_TOOLS_BIN := $(TOOLS_DIR)/bin
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+# The commit, "-dirty" when tracked files differ from it (as VERSION's).
+COMMIT    ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell test -z "$$(git status --porcelain --untracked-files=no 2>/dev/null)" || echo -dirty)
+LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 # Unit and snapshot tests are quick; the integration tests drive a real
 # containerd and take a few minutes.
 TEST_TIMEOUT ?= 60m
@@ -162,6 +164,16 @@ install:
 
 uninstall:
 	deploy/install.sh uninstall --host-root $(HOST_ROOT) $(if $(filter /,$(HOST_ROOT)),,--no-start)
+
+# A versioned release under RELEASE_DIR (hack/release.sh): static binaries
+# for linux/amd64 and linux/arm64, a tarball per architecture (the binary,
+# install.sh, the systemd unit, the manifests), a .sha256sum file for each,
+# and the multi-arch installer image as an OCI layout (image/). Needs
+# VERSION=vX.Y.Z and a clean tree (ALLOW_DIRTY=1 for a test build).
+.PHONY: release
+RELEASE_DIR ?= _output/release/$(VERSION)
+release: tools
+	VERSION=$(VERSION) COMMIT=$(COMMIT) RELEASE_DIR=$(RELEASE_DIR) ALLOW_DIRTY=$(ALLOW_DIRTY) hack/release.sh
 
 clean:
 	rm -rf bin

@@ -17,6 +17,9 @@
 # busybox-static for ARCH (apt-get download with a private package list; the
 # system's apt configuration is not touched) and the probe cross-built at the
 # version of the host's. BUSYBOX_ARM64 or BUSYBOX_AMD64 names another busybox.
+# The daemon is built here, stamped with VERSION and COMMIT (default: git's),
+# unless BINARY_AMD64 or BINARY_ARM64 names a build to put in (hack/release.sh
+# puts in the release's binaries).
 set -euo pipefail
 REF=${1:?usage: [ARCH=amd64|arm64|amd64,arm64] build-image.sh REF}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +29,10 @@ PROBE=${GRPC_HEALTH_PROBE:-$TOOLS_BIN/grpc-health-probe}
 HOST_ARCH=$(go env GOHOSTARCH)
 ARCH=${ARCH:-$HOST_ARCH}
 VERSION=${VERSION:-$(git -C "$REPO" describe --tags --always --dirty 2>/dev/null || echo dev)}
+if [ -z "${COMMIT:-}" ]; then
+	COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+	[ -z "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ] || COMMIT=$COMMIT-dirty
+fi
 IFS=, read -r -a arches <<<"$ARCH"
 for a in "${arches[@]}"; do
 	case "$a" in
@@ -126,8 +133,14 @@ build() {
 	for applet in sh sleep kill nsenter cmp mktemp grep sed cat mkdir cp chmod mv rm rmdir head tail printf dirname basename echo test true false env ls; do
 		ln -s busybox "$root/bin/$applet"
 	done
-	(cd "$REPO" && GOOS=linux GOARCH=$arch CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$VERSION" \
-		-o "$root/usr/local/bin/grouped-snapshotter" ./cmd/grouped-snapshotter)
+	local binary=BINARY_${arch^^}
+	if [ -n "${!binary:-}" ]; then
+		cp "${!binary}" "$root/usr/local/bin/grouped-snapshotter"
+	else
+		(cd "$REPO" && GOOS=linux GOARCH=$arch CGO_ENABLED=0 go build -trimpath \
+			-ldflags "-X main.version=$VERSION -X main.commit=$COMMIT" \
+			-o "$root/usr/local/bin/grouped-snapshotter" ./cmd/grouped-snapshotter)
+	fi
 	cp "$probe" "$root/usr/local/bin/grpc-health-probe"
 	for f in bin/busybox usr/local/bin/grouped-snapshotter usr/local/bin/grpc-health-probe; do
 		need_arch "$root" "$f" "$arch"

@@ -23,6 +23,7 @@ type AdminMethod func(ctx context.Context) (any, error)
 // DaemonInfo describes the running daemon.
 type DaemonInfo struct {
 	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"`
 	Root    string `json:"root"`
 	Address string `json:"address"`
 	IDMap   string `json:"idmap"`

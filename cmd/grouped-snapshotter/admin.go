@@ -206,7 +206,7 @@ func versionCommand() *cli.Command {
 		Usage: "print the client's and, if it answers, the daemon's version",
 		Flags: clientFlags(),
 		Action: func(c *cli.Context) error {
-			fmt.Printf("grouped-snapshotter %s\n", version)
+			fmt.Printf("grouped-snapshotter %s\n", versionString())
 			d, err := dial(c)
 			if err != nil {
 				fmt.Printf("daemon: not reachable (%v)\n", err)
@@ -217,7 +217,11 @@ func versionCommand() *cli.Command {
 			if err := server.CallAdmin(c.Context, d.conn, "Info", &info); err != nil {
 				return err
 			}
-			fmt.Printf("daemon: %s (pid %d, root %s, idmap %s)\n", info.Version, info.PID, info.Root, info.IDMap)
+			commit := info.Commit
+			if commit == "" { // a daemon from before the commit was reported
+				commit = "unknown"
+			}
+			fmt.Printf("daemon: %s (commit %s, pid %d, root %s, idmap %s)\n", info.Version, commit, info.PID, info.Root, info.IDMap)
 			return nil
 		},
 	}

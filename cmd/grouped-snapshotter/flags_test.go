@@ -67,6 +67,7 @@ func TestGlobalFlagsReachEveryCommand(t *testing.T) {
 		{with("gc", "--dry-run"), "0 orphaned directories would remove"},
 		// version reports the daemon it reached: this one, with its root.
 		{with("version"), "root " + root + ","},
+		{with("version"), "daemon: dev (commit unknown, pid "},
 		{with("config", "default"), "root_path = "},
 	} {
 		out, err := run(tc.args...)

@@ -11,14 +11,22 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X main.version=...
+// -X main.commit=..." (make build, make release, hack/build-image.sh).
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+// versionString is the version and the commit it was built from, as
+// `version` and --version print them: "v0.1.0 (commit abc1234)".
+func versionString() string { return fmt.Sprintf("%s (commit %s)", version, commit) }
 
 func main() {
 	app := &cli.App{
 		Name:    "grouped-snapshotter",
 		Usage:   "containerd snapshotter keeping every layer under one parent: one mount per container, one mapped parent per user namespace",
-		Version: version,
+		Version: versionString(),
 		Flags:   serveFlags(),
 		// The log flags are global too: every command logs (containerd's
 		// log package, to stderr) at the level and in the format given.

@@ -89,7 +89,7 @@ func setGOMAXPROCS(configured int, env string) (int, string) {
 func adminMethods(sn *snapshot.Snapshotter, cfg config.Config) map[string]server.AdminMethod {
 	m := map[string]server.AdminMethod{
 		"Info": func(context.Context) (any, error) {
-			return server.DaemonInfo{Version: version, Root: cfg.RootPath, Address: cfg.Address, IDMap: string(sn.IDMapMode()), PID: os.Getpid()}, nil
+			return server.DaemonInfo{Version: version, Commit: commit, Root: cfg.RootPath, Address: cfg.Address, IDMap: string(sn.IDMapMode()), PID: os.Getpid()}, nil
 		},
 		"MappedParents": func(ctx context.Context) (any, error) { return sn.MappedParents(ctx) },
 		"Orphans":       func(ctx context.Context) (any, error) { return sn.Orphans(ctx) },
@@ -192,7 +192,7 @@ func serve(c *cli.Context) error {
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	notify(ctx, daemon.SdNotifyReady)
 	log.G(ctx).WithField("address", cfg.Address).WithField("root", cfg.RootPath).WithField("idmap", cfg.IDMap).
-		WithField("metrics", cfg.MetricsAddress).WithField("version", version).Info("grouped-snapshotter serving")
+		WithField("metrics", cfg.MetricsAddress).WithField("version", version).WithField("commit", commit).Info("grouped-snapshotter serving")
 
 	select {
 	case <-ctx.Done():
