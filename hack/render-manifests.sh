@@ -20,10 +20,15 @@ release=grouped-snapshotter
 namespace=grouped-snapshotter
 
 # helm template prints "---" and a "# Source: <template>" line before each
-# object; the raw manifest separates objects with "---" alone.
+# object and a blank line after it; the raw manifest separates objects with
+# "---" alone.
 render() {
 	"$helm" template "$release" "$chart" --namespace "$namespace" "$@" |
-		sed -e '/^# Source: /d' | sed -e '1{/^---$/d;}'
+		awk '/^# Source: / { next }
+			NR == 1 && /^---$/ { next }
+			/^$/ { blank++; next }
+			/^---$/ { blank = 0 }
+			{ while (blank > 0) { print ""; blank-- } print }'
 }
 
 [ -x "$helm" ] || { echo "render-manifests: no helm at $helm: run make tools (or set HELM)" >&2; exit 1; }

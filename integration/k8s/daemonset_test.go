@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
@@ -704,78 +704,75 @@ func cleanupNode(t *testing.T, n node) {
 
 // --- manifests ---
 
-// daemonSetManifest is the project's manifest with the image and the node's
-// host paths set, as an operator sets them for a node of this kind (no
-// systemd: the restart command is the restarter's).
+// daemonSetManifest is the project's Helm chart rendered with the image
+// and the node's host paths as values, as an operator sets them for a node
+// of this kind (no systemd: the restart command is the restarter's).
 func daemonSetManifest(t *testing.T, image string, n node) []byte {
 	t.Helper()
 	return daemonSetManifestWith(t, image, n, nil)
 }
 
-// daemonSetManifestWith is daemonSetManifest with the values of more of
-// the manifest's env (an install mode: GS_CRI, GS_RUNTIME_HANDLER, ...).
-func daemonSetManifestWith(t *testing.T, image string, n node, env map[string]string) []byte {
+// daemonSetManifestWith is daemonSetManifest with more of the chart's
+// values (an install mode: mode, moveImages, ...). The chart is rendered
+// with helm template, as the raw manifest is (hack/render-manifests.sh),
+// with its namespace object, and applied with kubectl.
+func daemonSetManifestWith(t *testing.T, image string, n node, more map[string]any) []byte {
 	t.Helper()
-	data, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	slash := strings.LastIndex(image, "/")
+	colon := strings.LastIndex(image, ":")
+	if colon < slash {
+		t.Fatalf("image %s has no tag", image)
 	}
-	docs := bytes.Split(data, []byte("\n---\n"))
-	found := false
-	for i, doc := range docs {
-		var meta struct{ Kind string }
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatal(err)
-		}
-		if meta.Kind != "DaemonSet" {
-			continue
-		}
-		var ds appsv1.DaemonSet
-		if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
-			t.Fatal(err)
-		}
-		c := &ds.Spec.Template.Spec.Containers[0]
-		c.Image = image
-		set := map[string]string{
+	values := map[string]any{
+		"namespace": map[string]any{"create": true},
+		"image":     map[string]any{"repository": image[:colon], "tag": image[colon+1:]},
+		"host": map[string]any{
 			// This machine's PID 1 has a capability containerd and its
 			// pods lack, so its namespaces cannot be entered; the test
 			// process is in the same host namespaces.
-			"GS_HOST_PID":           strconv.Itoa(os.Getpid()),
-			"GS_SERVICE_MANAGER":    "none",
-			"GS_CONTAINERD_RESTART": n.RestartCommand,
-			"GS_CONTAINERD_CONFIG":  n.ContainerdConfig,
-			"GS_CONTAINERD_BIN":     n.ContainerdBin,
-			"GS_ROOT":               n.Root,
-			"GS_SOCKET":             n.Socket,
-		}
-		for k, v := range env {
-			set[k] = v
-		}
-		for i := range c.Env {
-			if v, ok := set[c.Env[i].Name]; ok {
-				c.Env[i].Value = v
-				delete(set, c.Env[i].Name)
-			}
-		}
-		if len(set) != 0 {
-			t.Fatalf("the DaemonSet has no env %v", set)
-		}
-		c.Env = append(c.Env,
-			corev1.EnvVar{Name: "GS_CONTAINERD_ADDRESS", Value: n.ContainerdAddress},
-			corev1.EnvVar{Name: "GS_BIN_DIR", Value: n.BinDir},
-			corev1.EnvVar{Name: "GS_CONFIG_FILE", Value: n.ConfigFile},
-			corev1.EnvVar{Name: "GS_LOG_FILE", Value: n.LogFile})
-		out, err := yaml.Marshal(&ds)
-		if err != nil {
-			t.Fatal(err)
-		}
-		docs[i] = out
-		found = true
+			"pid":            os.Getpid(),
+			"serviceManager": "none",
+		},
+		"containerd": map[string]any{
+			"restart":    n.RestartCommand,
+			"configDir":  filepath.Dir(n.ContainerdConfig),
+			"configFile": filepath.Base(n.ContainerdConfig),
+			"bin":        n.ContainerdBin,
+			"socket":     n.ContainerdAddress,
+		},
+		"hostPaths": map[string]any{
+			"root":       n.Root,
+			"socket":     n.Socket,
+			"binDir":     n.BinDir,
+			"configFile": n.ConfigFile,
+			"logFile":    n.LogFile,
+		},
 	}
-	if !found {
-		t.Fatal("no DaemonSet in the manifest")
+	maps.Copy(values, more)
+	data, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return bytes.Join(docs, []byte("\n---\n"))
+	file := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	helm := filepath.Join(os.Getenv(harness.ToolsEnv), "helm")
+	if os.Getenv(harness.ToolsEnv) == "" {
+		helm = repoFile(t, ".tools/bin/helm")
+	}
+	home := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), helm, "template", "grouped-snapshotter", repoFile(t, "deploy/helm/grouped-snapshotter"),
+		"--namespace", dsNS, "-f", file)
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template with values\n%s: %v\n%s", data, err, stderr.String())
+	}
+	return out
 }
 
 func deploymentManifest(name, image string, replicas int) []byte {
