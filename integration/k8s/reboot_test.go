@@ -207,7 +207,7 @@ func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *re
 
 	// The documented uninstall, and the node is as before the install.
 	kubectl(t, cl, "delete", "pod", "before-reboot", "after-reboot", "--wait", "--timeout=120s")
-	documentedUninstall(t, env, cl, n, rs, before)
+	documentedUninstall(t, env, cl, n, rs, before, false)
 }
 
 // criKubeletStats records what kubelet does, with grouped as CRI's
