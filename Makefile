@@ -20,13 +20,20 @@ build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/grouped-snapshotter ./cmd/grouped-snapshotter
 
 # Pinned containerd (every 2.x minor release), runc, crane, crictl, CNI
-# plugins and nerdctl, built from the Go module proxy.
+# plugins, nerdctl and helm, built from the Go module proxy.
 tools:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh
 
 # Only what the demo runs: containerd v2.4.2 and v2.0.5, runc and crane.
 tools-demo:
 	TOOLS_DIR=$(TOOLS_DIR) hack/install-tools.sh demo
+
+# The raw manifests deploy/kubernetes/*.yaml, rendered from the Helm chart
+# deploy/helm/grouped-snapshotter (their one source) with helm template;
+# integration/manifests fails while they are stale, and lints the chart.
+.PHONY: manifests
+manifests:
+	GS_TOOLS_BIN=$(GS_TOOLS_BIN) hack/render-manifests.sh
 
 # Kubernetes v1.37.2 and etcd for the cluster tests (integration/k8s);
 # about 6 minutes cold, cached per version.

@@ -31,6 +31,9 @@ CONTAINERD_OLD_VERSION=${CONTAINERD_OLD_VERSION:-v2.0.5}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 CNI_VERSION=${CNI_VERSION:-v1.9.0}
 NERDCTL_VERSION=${NERDCTL_VERSION:-v2.2.1}
+# Helm 4: the chart's lint and rendering (integration/manifests), and the
+# Kubernetes tests install through the chart.
+HELM_VERSION=${HELM_VERSION:-v4.3.2}
 
 "$(dirname "$0")/install-apt.sh"
 
@@ -90,6 +93,7 @@ fi
 # Static: it runs in the DaemonSet's busybox image, which has no libc.
 CGO=0 build grpc-health-probe "${GRPC_HEALTH_PROBE_VERSION:-v0.4.62} static" "" "github.com/grpc-ecosystem/grpc-health-probe@${GRPC_HEALTH_PROBE_VERSION:-v0.4.62}"
 build crictl "$CRICTL_VERSION" "" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+CGO=0 build helm "$HELM_VERSION" "" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
 GOBIN_SUB=cni build cni "$CNI_VERSION" "" \
 	"github.com/containernetworking/plugins/plugins/main/bridge@$CNI_VERSION" \
 	"github.com/containernetworking/plugins/plugins/main/loopback@$CNI_VERSION" \

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
@@ -121,7 +121,7 @@ func TestDaemonSet(t *testing.T) {
 	t.Run("install", func(t *testing.T) {
 		t0 := time.Now()
 		restartsBefore := len(rs.Restarts())
-		kubectlApply(t, cl, daemonSetManifest(t, v1, n))
+		helmInstall(t, cl, v1, n)
 		stop := make(chan struct{})
 		pods := podsDuring(t, cl, "during-install", imported, stop)
 		_, err := cl.Kubectl(ctx, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=300s")
@@ -643,7 +643,7 @@ func rollout(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *resta
 func uninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before, many string) {
 	kubectl(t, cl, "delete", "deploy/app", "--wait", "--timeout=120s")
 	kubectl(t, cl, "delete", "pod", "keeper", "after-rollout", "--wait", "--timeout=120s")
-	documentedUninstall(t, env, cl, n, rs, before)
+	documentedUninstall(t, env, cl, n, rs, before, true)
 	// CRI is back on containerd's own snapshotter.
 	kubectlApply(t, cl, deploymentManifest("back", many, 1))
 	kubectl(t, cl, "rollout", "status", "deploy/back", "--timeout=180s")
@@ -704,78 +704,109 @@ func cleanupNode(t *testing.T, n node) {
 
 // --- manifests ---
 
-// daemonSetManifest is the project's manifest with the image and the node's
-// host paths set, as an operator sets them for a node of this kind (no
-// systemd: the restart command is the restarter's).
-func daemonSetManifest(t *testing.T, image string, n node) []byte {
+// daemonSetManifestWith is the project's Helm chart rendered with the
+// image and the node's host paths as values, as an operator sets them for
+// a node of this kind (no systemd: the restart command is the
+// restarter's), and more values (an install mode: mode, moveImages, ...).
+// It is rendered with helm template, as the raw manifest is
+// (hack/render-manifests.sh), with its namespace object, for kubectl apply
+// (TestDaemonSetReboot; TestDaemonSet installs with helm install).
+func daemonSetManifestWith(t *testing.T, image string, n node, more map[string]any) []byte {
 	t.Helper()
-	return daemonSetManifestWith(t, image, n, nil)
-}
-
-// daemonSetManifestWith is daemonSetManifest with the values of more of
-// the manifest's env (an install mode: GS_CRI, GS_RUNTIME_HANDLER, ...).
-func daemonSetManifestWith(t *testing.T, image string, n node, env map[string]string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
+	file := daemonSetValues(t, image, n, map[string]any{"namespace": map[string]any{"create": true}}, more)
+	out, err := runHelm(t, nil, "template", "grouped-snapshotter", repoFile(t, "deploy/helm/grouped-snapshotter"),
+		"--namespace", dsNS, "-f", file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs := bytes.Split(data, []byte("\n---\n"))
-	found := false
-	for i, doc := range docs {
-		var meta struct{ Kind string }
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatal(err)
-		}
-		if meta.Kind != "DaemonSet" {
-			continue
-		}
-		var ds appsv1.DaemonSet
-		if err := yaml.UnmarshalStrict(doc, &ds); err != nil {
-			t.Fatal(err)
-		}
-		c := &ds.Spec.Template.Spec.Containers[0]
-		c.Image = image
-		set := map[string]string{
+	return []byte(out)
+}
+
+// helmInstall installs the chart as the README says (helm install
+// --create-namespace) with the image and the node's host paths as values.
+func helmInstall(t *testing.T, cl *kube.Cluster, image string, n node) {
+	t.Helper()
+	file := daemonSetValues(t, image, n)
+	out, err := runHelm(t, cl, "install", "grouped-snapshotter", repoFile(t, "deploy/helm/grouped-snapshotter"),
+		"--namespace", dsNS, "--create-namespace", "-f", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm install:\n%s", out)
+}
+
+// daemonSetValues writes the chart's values for the image and the node's
+// host paths, with more values over them, and returns the file.
+func daemonSetValues(t *testing.T, image string, n node, more ...map[string]any) string {
+	t.Helper()
+	slash := strings.LastIndex(image, "/")
+	colon := strings.LastIndex(image, ":")
+	if colon < slash {
+		t.Fatalf("image %s has no tag", image)
+	}
+	values := map[string]any{
+		"image": map[string]any{"repository": image[:colon], "tag": image[colon+1:]},
+		"host": map[string]any{
 			// This machine's PID 1 has a capability containerd and its
 			// pods lack, so its namespaces cannot be entered; the test
 			// process is in the same host namespaces.
-			"GS_HOST_PID":           strconv.Itoa(os.Getpid()),
-			"GS_SERVICE_MANAGER":    "none",
-			"GS_CONTAINERD_RESTART": n.RestartCommand,
-			"GS_CONTAINERD_CONFIG":  n.ContainerdConfig,
-			"GS_CONTAINERD_BIN":     n.ContainerdBin,
-			"GS_ROOT":               n.Root,
-			"GS_SOCKET":             n.Socket,
-		}
-		for k, v := range env {
-			set[k] = v
-		}
-		for i := range c.Env {
-			if v, ok := set[c.Env[i].Name]; ok {
-				c.Env[i].Value = v
-				delete(set, c.Env[i].Name)
-			}
-		}
-		if len(set) != 0 {
-			t.Fatalf("the DaemonSet has no env %v", set)
-		}
-		c.Env = append(c.Env,
-			corev1.EnvVar{Name: "GS_CONTAINERD_ADDRESS", Value: n.ContainerdAddress},
-			corev1.EnvVar{Name: "GS_BIN_DIR", Value: n.BinDir},
-			corev1.EnvVar{Name: "GS_CONFIG_FILE", Value: n.ConfigFile},
-			corev1.EnvVar{Name: "GS_LOG_FILE", Value: n.LogFile})
-		out, err := yaml.Marshal(&ds)
-		if err != nil {
-			t.Fatal(err)
-		}
-		docs[i] = out
-		found = true
+			"pid":            os.Getpid(),
+			"serviceManager": "none",
+		},
+		"containerd": map[string]any{
+			"restart":    n.RestartCommand,
+			"configDir":  filepath.Dir(n.ContainerdConfig),
+			"configFile": filepath.Base(n.ContainerdConfig),
+			"bin":        n.ContainerdBin,
+			"socket":     n.ContainerdAddress,
+		},
+		"hostPaths": map[string]any{
+			"root":       n.Root,
+			"socket":     n.Socket,
+			"binDir":     n.BinDir,
+			"configFile": n.ConfigFile,
+			"logFile":    n.LogFile,
+		},
 	}
-	if !found {
-		t.Fatal("no DaemonSet in the manifest")
+	for _, m := range more {
+		maps.Copy(values, m)
 	}
-	return bytes.Join(docs, []byte("\n---\n"))
+	data, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("chart values:\n%s", data)
+	return file
+}
+
+// runHelm runs the tools' helm (hack/install-tools.sh) with its own
+// config and cache, against cl's apiserver when cl is not nil.
+func runHelm(t *testing.T, cl *kube.Cluster, args ...string) (string, error) {
+	t.Helper()
+	helm := filepath.Join(os.Getenv(harness.ToolsEnv), "helm")
+	if os.Getenv(harness.ToolsEnv) == "" {
+		helm = repoFile(t, ".tools/bin/helm")
+	}
+	if cl != nil {
+		args = append(args, "--kubeconfig", cl.Kubeconfig)
+	}
+	home := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
 }
 
 func deploymentManifest(name, image string, replicas int) []byte {
@@ -975,9 +1006,10 @@ func repoFile(t *testing.T, rel string) string {
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
 // documentedUninstall follows the README: uninstall --purge in every pod
-// of the DaemonSet (one restart of containerd), then delete the manifest's
-// objects; the node must end as it was before the install (before).
-func documentedUninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before string) {
+// of the DaemonSet (one restart of containerd), then delete the objects
+// (helm uninstall and the namespace when byHelm, else the raw manifest's);
+// the node must end as it was before the install (before).
+func documentedUninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, before string, byHelm bool) {
 	t.Helper()
 	restartsBefore := len(rs.Restarts())
 	for _, p := range podsIn(t, cl, dsNS) {
@@ -994,12 +1026,21 @@ func documentedUninstall(t *testing.T, env *harness.Env, cl *kube.Cluster, n nod
 		}
 		return nil
 	})
-	manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.KubectlStdin(t.Context(), manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
-		t.Fatal(err)
+	if byHelm {
+		out, err := runHelm(t, cl, "uninstall", "grouped-snapshotter", "--namespace", dsNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("helm uninstall: %s", strings.TrimSpace(out))
+		kubectl(t, cl, "delete", "namespace", dsNS, "--wait", "--timeout=120s")
+	} else {
+		manifest, err := os.ReadFile(repoFile(t, "deploy/kubernetes/grouped-snapshotter.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.KubectlStdin(t.Context(), manifest, "delete", "-f", "-", "--wait", "--timeout=120s"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	harness.Eventually(t, 120*time.Second, func() error {
 		if after := nodeState(t, env, n); after != before {

@@ -22,8 +22,8 @@ import (
 
 // TestDaemonSetReboot reboots, as far as a test can, a node without
 // systemd on which the DaemonSet installed grouped-snapshotter, in each
-// install mode: the manifest's default (GS_CRI=true: CRI's snapshotter is
-// grouped) and runtime-handler mode (GS_RUNTIME_HANDLER=grouped). Nothing
+// install mode: the chart's default (GS_CRI=true: CRI's snapshotter is
+// grouped) and mode runtime-handler (GS_RUNTIME_HANDLER=grouped). Nothing
 // starts the daemon at boot there: the DaemonSet's pod, which must
 // therefore start without it, does when kubelet brings it back.
 //
@@ -58,16 +58,17 @@ func TestDaemonSetReboot(t *testing.T) {
 
 	for _, mode := range []struct {
 		name string
-		env  map[string]string
+		// values are the chart's values for the mode (the default: cri).
+		values map[string]any
 		// class is the RuntimeClass of the pods that run on grouped.
 		class string
 	}{
 		{name: "cri"},
 		{name: "runtime-handler", class: "grouped",
-			env: map[string]string{"GS_CRI": "false", "GS_MOVE_IMAGES": "false", "GS_RUNTIME_HANDLER": "grouped"}},
+			values: map[string]any{"mode": "runtime-handler", "moveImages": false}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			rebootMode(t, env, cl, n, rs, image, workload, mode.name, mode.env, mode.class)
+			rebootMode(t, env, cl, n, rs, image, workload, mode.name, mode.values, mode.class)
 		})
 		if t.Failed() {
 			return
@@ -75,18 +76,14 @@ func TestDaemonSetReboot(t *testing.T) {
 	}
 }
 
-func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, image, workload, mode string, dsEnv map[string]string, class string) {
+func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *restarter, image, workload, mode string, dsValues map[string]any, class string) {
 	ctx := t.Context()
 	before := nodeState(t, env, n)
 	if class != "" {
-		rc, err := os.ReadFile(repoFile(t, "deploy/kubernetes/runtimeclass.yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kubectlApply(t, cl, rc)
+		// The chart's runtime-handler mode creates the RuntimeClass.
 		t.Cleanup(func() { _, _ = cl.Kubectl(ctx, "delete", "runtimeclass", class, "--ignore-not-found") })
 	}
-	kubectlApply(t, cl, daemonSetManifestWith(t, image, n, dsEnv))
+	kubectlApply(t, cl, daemonSetManifestWith(t, image, n, dsValues))
 	kubectl(t, cl, "-n", dsNS, "rollout", "status", "ds/grouped-snapshotter", "--timeout=300s")
 	t.Cleanup(func() {
 		// What the test left when it failed half-way; the uninstall below
@@ -210,7 +207,7 @@ func rebootMode(t *testing.T, env *harness.Env, cl *kube.Cluster, n node, rs *re
 
 	// The documented uninstall, and the node is as before the install.
 	kubectl(t, cl, "delete", "pod", "before-reboot", "after-reboot", "--wait", "--timeout=120s")
-	documentedUninstall(t, env, cl, n, rs, before)
+	documentedUninstall(t, env, cl, n, rs, before, false)
 }
 
 // criKubeletStats records what kubelet does, with grouped as CRI's
