@@ -17,10 +17,16 @@
 # no longer exists (the list cannot go stale), when a package ran no test,
 # when a test was skipped, or on any failure.
 #
+# Last, a few of integration/'s tests drive a real containerd (amd64, from
+# make tools) whose proxy snapshotter is the arm64 daemon under qemu:
+# pulls, runs, a user-namespaced container (idmapped by containerd's shim,
+# not by the daemon), a restart, image removal.
+#
 # Usage (as root, from anywhere): hack/test-arm64.sh [package ...]
-# (packages as directories of the root module, e.g. snapshot server;
-# default: every package of `go list ./...`). make test-arm64 runs it, and
-# make test depends on that.
+# (packages as directories of the root module, e.g. snapshot server, and
+# `integration` for the containerd tests; default: every package of
+# `go list ./...`, then integration). make test-arm64 runs it, and make
+# test depends on that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -87,6 +93,7 @@ if [ $# -gt 0 ]; then
 	pkgs=("$@")
 else
 	mapfile -t pkgs < <(go list ./... | sed -e "s|^$module\$|.|" -e "s|^$module/||")
+	pkgs+=(integration)
 fi
 for key in "${!excluded[@]}"; do
 	[ -n "${reasons[${excluded[$key]}]:-}" ] || die "excluded $key: unknown reason ${excluded[$key]}"
@@ -101,19 +108,61 @@ echo "test-arm64: $("$qemu" --version | head -1); binfmt_misc for aarch64: $binf
 
 # The static arm64 daemon, and the wrapper the cmd tests run as the daemon.
 GOARCH=arm64 CGO_ENABLED=0 go build -trimpath -o "$out/bin/grouped-snapshotter" ./cmd/grouped-snapshotter
+# It counts its starts, so that the run can tell the tests used it.
+starts=$out/logs/daemon-starts
+: >"$starts"
 cat >"$out/bin/grouped-snapshotter-qemu" <<EOF
 #!/bin/sh
+echo "\$*" >>$starts
 exec $(command -v "$qemu") $out/bin/grouped-snapshotter "\$@"
 EOF
 chmod +x "$out/bin/grouped-snapshotter-qemu"
 file_arch=$(od -An -j18 -N2 -tu2 "$out/bin/grouped-snapshotter" | tr -d ' ')
 [ "$file_arch" = 183 ] || die "$out/bin/grouped-snapshotter is not an arm64 ELF (e_machine $file_arch)"
 
+# Real containerd (amd64, from make tools) with the arm64 daemon as its
+# proxy snapshotter: a few of integration/'s tests, the client side amd64.
+run_integration() {
+	local ran_before integration_tests t0 log rc pass line want problem
+	ran_before=$(wc -l <"$starts")
+	integration_tests='TestPullAndRun|TestUserNamespace|TestSnapshotterRestart|TestImageRemovalCollectsSnapshots'
+	echo "test-arm64: integration ($integration_tests) on containerd with the arm64 daemon"
+	t0=$(date +%s)
+	log=$out/logs/integration.log
+	rc=0
+	(cd integration && GS_TEST_DAEMON=$out/bin/grouped-snapshotter-qemu go test -count=1 -v -timeout "$timeout" -run "^($integration_tests)\$" .) >"$log" 2>&1 || rc=$?
+	pass=$(grep -c -- '^--- PASS' "$log" || true)
+	total_pass=$((total_pass + pass))
+	line="integration (containerd, arm64 daemon): $pass passed, $(($(date +%s) - t0))s"
+	want=$(tr '|' '\n' <<<"$integration_tests" | wc -l)
+	problem=
+	if [ "$rc" -ne 0 ] || grep -q -- '--- FAIL' "$log"; then
+		problem="failed (exit $rc)"
+	elif grep -q -- '--- SKIP' "$log"; then
+		problem="tests were skipped"
+	elif [ "$pass" -ne "$want" ]; then
+		problem="$pass of the $want tests ran"
+	elif [ "$(wc -l <"$starts")" -le "$ran_before" ]; then
+		problem="the arm64 daemon was never started"
+	fi
+	if [ -n "$problem" ]; then
+		grep -E -- '--- (FAIL|SKIP)|^(panic|FAIL)' "$log" | head -40 >&2 || true
+		echo "test-arm64: integration: $problem; its log: $log" >&2
+		failed+=("integration: $problem")
+		line="$line, $problem"
+	fi
+	summary+=("$line")
+}
+
 summary=()
 failed=()
 total_pass=0
 total_excluded=0
 for pkg in "${pkgs[@]}"; do
+	if [ "$pkg" = integration ]; then
+		run_integration
+		continue
+	fi
 	name=${pkg//\//_}
 	bin=$out/bin/$name.test
 	log=$out/logs/$name.log
