@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,9 +60,12 @@ func startSuiteDaemon(ctx context.Context, root string) (snapshots.Snapshotter, 
 		<-exited
 		unmountAllUnder(root)
 	}
-	// Under qemu-user a start takes a few seconds on a loaded machine.
+	// Ready when the socket accepts a connection: the file appears at
+	// bind(2), a moment before listen(2), and a dial in between is
+	// refused. Under qemu-user a start takes seconds on a loaded machine.
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			break
 		}
 		select {
