@@ -19,8 +19,15 @@ const imageLayers = 50
 
 // shared is the environment shared by all tests, closed by TestMain.
 var shared = harness.SharedEnv{
-	Options: harness.Options{Snapshotter: snapshotterUnderTest()},
-	Tests:   "integration tests",
+	Options: harness.Options{
+		Snapshotter: snapshotterUnderTest(),
+		// $GS_TEST_DAEMON, when set, is the grouped-snapshotter the tests
+		// run instead of a build of the repository: hack/test-arm64.sh
+		// names the arm64 daemon under qemu-aarch64-static.
+		SnapshotterBin:          os.Getenv("GS_TEST_DAEMON"),
+		SnapshotterBinIsGrouped: os.Getenv("GS_TEST_DAEMON") != "",
+	},
+	Tests: "integration tests",
 }
 
 func TestMain(m *testing.M) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,11 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
 )
 
+// daemonBin is the daemon these tests run: built from this package for the
+// host, or the program named by $GS_TEST_DAEMON when set (an absolute path).
+// hack/test-arm64.sh sets it to a script that runs the arm64 daemon under
+// qemu-aarch64-static, so that the arm64 test binary drives an arm64 daemon
+// without binfmt_misc.
 var daemonBin string
 
 func TestMain(m *testing.M) {
@@ -25,10 +31,17 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	daemonBin = filepath.Join(dir, "grouped-snapshotter")
-	if out, err := exec.Command("go", "build", "-o", daemonBin, ".").CombinedOutput(); err != nil {
-		os.Stderr.Write(out)
-		os.Exit(1)
+	if daemonBin = os.Getenv("GS_TEST_DAEMON"); daemonBin != "" {
+		if !filepath.IsAbs(daemonBin) {
+			fmt.Fprintf(os.Stderr, "GS_TEST_DAEMON=%q: not an absolute path\n", daemonBin)
+			os.Exit(1)
+		}
+	} else {
+		daemonBin = filepath.Join(dir, "grouped-snapshotter")
+		if out, err := exec.Command("go", "build", "-o", daemonBin, ".").CombinedOutput(); err != nil {
+			os.Stderr.Write(out)
+			os.Exit(1)
+		}
 	}
 	code := mountleak.Run(m)
 	os.RemoveAll(dir)

@@ -22,7 +22,8 @@ var commandsByVariable = []string{
 	"systemd-nspawn", "debootstrap", // integration/systemd
 	"iptables-save", "iptables-restore", "ip6tables-save", "ip6tables-restore", "conntrack", // integration/kube
 	"mount", "umount", "losetup", "mkfs.ext4", // the Kubernetes node's data filesystem
-	"mkfs.erofs", // containerd's EROFS snapshotter
+	"mkfs.erofs",          // containerd's EROFS snapshotter
+	"qemu-aarch64-static", // hack/test-arm64.sh runs the arm64 tests under it
 }
 
 // notFromDebian are commands the tests run that no Debian package of the
