@@ -136,19 +136,28 @@ run_integration() {
 	line="integration (containerd, arm64 daemon): $pass passed, $(($(date +%s) - t0))s"
 	want=$(tr '|' '\n' <<<"$integration_tests" | wc -l)
 	problem=
-	if [ "$rc" -ne 0 ] || grep -q -- '--- FAIL' "$log"; then
-		problem="failed (exit $rc)"
-	elif grep -q -- '--- SKIP' "$log"; then
-		problem="tests were skipped"
-	elif [ "$pass" -ne "$want" ]; then
+	if [ "$pass" -ne "$want" ]; then
 		problem="$pass of the $want tests ran"
 	elif [ "$(wc -l <"$starts")" -le "$ran_before" ]; then
 		problem="the arm64 daemon was never started"
 	fi
+	record integration "$log" "$rc" "$line" "$problem"
+}
+
+# record NAME LOG RC LINE [PROBLEM]: judges a run by its exit status and
+# log (a failure, a skipped test), else by PROBLEM (the caller's own
+# check), and adds LINE to the summary, with the problem if there is one.
+record() {
+	local name=$1 log=$2 rc=$3 line=$4 problem=${5:-}
+	if [ "$rc" -ne 0 ] || grep -q -- '--- FAIL' "$log"; then
+		problem="failed (exit $rc)"
+	elif grep -q -- '--- SKIP' "$log"; then
+		problem="tests were skipped: $(grep -- '--- SKIP' "$log" | tr '\n' ' ')"
+	fi
 	if [ -n "$problem" ]; then
 		grep -E -- '--- (FAIL|SKIP)|^(panic|FAIL)' "$log" | head -40 >&2 || true
-		echo "test-arm64: integration: $problem; its log: $log" >&2
-		failed+=("integration: $problem")
+		echo "test-arm64: $name: $problem; its log: $log" >&2
+		failed+=("$name: $problem")
 		line="$line, $problem"
 	fi
 	summary+=("$line")
@@ -202,20 +211,10 @@ for pkg in "${pkgs[@]}"; do
 	secs=$(($(date +%s) - t0))
 	line="$pkg: $pass passed, ${#skip[@]} excluded, ${secs}s"
 	problem=
-	if [ "$rc" -ne 0 ] || grep -q -- '--- FAIL' "$log"; then
-		problem="failed (exit $rc)"
-	elif grep -q -- '--- SKIP' "$log"; then
-		problem="tests were skipped: $(grep -- '--- SKIP' "$log" | tr '\n' ' ')"
-	elif [ "$pass" -eq 0 ] || grep -q 'testing: warning: no tests to run' "$log"; then
+	if [ "$pass" -eq 0 ] || grep -q 'testing: warning: no tests to run' "$log"; then
 		problem="ran no test"
 	fi
-	if [ -n "$problem" ]; then
-		grep -E -- '--- (FAIL|SKIP)|^(panic|FAIL)' "$log" | head -40 >&2 || true
-		echo "test-arm64: $pkg: $problem; its log: $log" >&2
-		failed+=("$pkg: $problem")
-		line="$line, $problem"
-	fi
-	summary+=("$line")
+	record "$pkg" "$log" "$rc" "$line" "$problem"
 done
 
 echo "test-arm64: arm64 under $qemu, $(($(date +%s) - start))s in all:"

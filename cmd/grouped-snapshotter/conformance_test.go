@@ -16,9 +16,10 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/proxy"
 	"github.com/containerd/containerd/v2/core/snapshots/testsuite"
-	"github.com/moby/sys/mountinfo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // TestConformanceOverDaemonSocket runs containerd's snapshotter test suite
@@ -58,7 +59,7 @@ func startSuiteDaemon(ctx context.Context, root string) (snapshots.Snapshotter, 
 	kill := func() {
 		daemon.Process.Kill()
 		<-exited
-		unmountAllUnder(root)
+		mountgroup.UnmountAll(root)
 	}
 	// Ready when the socket accepts a connection: the file appears at
 	// bind(2), a moment before listen(2), and a dial in between is
@@ -105,22 +106,8 @@ func startSuiteDaemon(ctx context.Context, root string) (snapshots.Snapshotter, 
 		if _, err := os.Stat(sock); err == nil {
 			errs = append(errs, fmt.Errorf("daemon left its socket %s behind", sock))
 		}
-		return errors.Join(append(errs, unmountAllUnder(root))...)
+		_, err := mountgroup.UnmountAll(root)
+		return errors.Join(append(errs, err)...)
 	}
 	return client, cleanup, nil
-}
-
-// unmountAllUnder unmounts every mount at or below dir, deepest first.
-func unmountAllUnder(dir string) error {
-	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := syscall.Unmount(mounts[i].Mountpoint, syscall.MNT_DETACH); err != nil {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", mounts[i].Mountpoint, err))
-		}
-	}
-	return errors.Join(errs...)
 }

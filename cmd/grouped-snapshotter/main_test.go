@@ -13,10 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moby/sys/mountinfo"
-
 	"github.com/grouped-snapshotter/grouped-snapshotter/config"
 	"github.com/grouped-snapshotter/grouped-snapshotter/internal/mountleak"
+	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
 // daemonBin is the daemon these tests run: built from this package for the
@@ -182,14 +181,9 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 	}
 }
 
+// unmountUnder unmounts whatever a test's daemon left mounted under dir.
 func unmountUnder(t *testing.T, dir string) {
-	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
+	if _, err := mountgroup.UnmountAll(dir); err != nil {
 		t.Error(err)
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := syscall.Unmount(mounts[i].Mountpoint, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", mounts[i].Mountpoint, err)
-		}
 	}
 }

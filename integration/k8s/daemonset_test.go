@@ -1,7 +1,6 @@
 package k8s
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -783,30 +782,15 @@ func daemonSetValues(t *testing.T, image string, n node, more ...map[string]any)
 	return file
 }
 
-// runHelm runs the tools' helm (hack/install-tools.sh) with its own
-// config and cache, against cl's apiserver when cl is not nil.
+// runHelm runs the tools' helm, against cl's apiserver when cl is not nil.
 func runHelm(t *testing.T, cl *kube.Cluster, args ...string) (string, error) {
 	t.Helper()
-	helm := filepath.Join(os.Getenv(harness.ToolsEnv), "helm")
-	if os.Getenv(harness.ToolsEnv) == "" {
-		helm = repoFile(t, ".tools/bin/helm")
-	}
 	if cl != nil {
 		args = append(args, "--kubeconfig", cl.Kubeconfig)
 	}
-	home := t.TempDir()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, helm, args...)
-	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return string(out), nil
+	return harness.Helm(ctx, t.TempDir(), args...)
 }
 
 func deploymentManifest(name, image string, replicas int) []byte {

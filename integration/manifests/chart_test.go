@@ -18,57 +18,10 @@ import (
 
 const chartDir = "deploy/helm/grouped-snapshotter"
 
-// helm runs the pinned helm of the tools directory (hack/install-tools.sh)
-// in the repository root, with its own config and cache, and returns its
-// standard output.
+// helm runs the tools' helm in the repository's root.
 func helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	repo, err := harness.FindRepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(helmPath(t, repo), args...)
-	cmd.Dir = repo
-	cmd.Env = append(helmEnv(t), "HELM="+helmPath(t, repo))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), &helmError{args: args, err: err, stderr: stderr.String()}
-	}
-	return stdout.String(), nil
-}
-
-type helmError struct {
-	args   []string
-	err    error
-	stderr string
-}
-
-func (e *helmError) Error() string {
-	return "helm " + strings.Join(e.args, " ") + ": " + e.err.Error() + ": " + e.stderr
-}
-
-func helmPath(t *testing.T, repo string) string {
-	t.Helper()
-	dir := os.Getenv(harness.ToolsEnv)
-	if dir == "" {
-		dir = filepath.Join(repo, ".tools", "bin")
-	}
-	path := filepath.Join(dir, "helm")
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("no helm: %v (run hack/install-tools.sh, or set %s)", err, harness.ToolsEnv)
-	}
-	return path
-}
-
-// helmEnv keeps helm's config, cache and data out of $HOME.
-func helmEnv(t *testing.T) []string {
-	t.Helper()
-	home := t.TempDir()
-	return append(os.Environ(),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+	return harness.Helm(t.Context(), t.TempDir(), args...)
 }
 
 // TestChartLint: helm lint passes on the chart, in both install modes.
@@ -92,7 +45,9 @@ func TestManifestsRendered(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(repo, "hack", "render-manifests.sh"), dir)
-	cmd.Env = append(helmEnv(t), "HELM="+helmPath(t, repo))
+	if cmd.Env, err = harness.HelmEnv(t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("render-manifests.sh: %v\n%s", err, out)
 	}
