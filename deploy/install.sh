@@ -324,8 +324,9 @@ running_pid() {
 	echo "$pid"
 }
 
-# start_detached starts the daemon on the host, outside this pod, logging to the log file. The
-# daemon refuses to start when another one serves the socket or holds the metadata.
+# start_detached [FLAG...] starts the daemon on the host, outside this pod, logging to the log
+# file. The daemon refuses to start when another one serves the socket or holds the metadata,
+# unless it takes over (take_over).
 start_detached() {
 	mkdir -p "$H$RUN_DIR" "$(dirname "$H$LOG_FILE")"
 	# shellcheck disable=SC2046 # daemon_args is a list of words
@@ -333,7 +334,7 @@ start_detached() {
 		pidfile=$1 log=$2
 		shift 2
 		echo $$ >"$pidfile"
-		exec "$@" >>"$log" 2>&1' "$PIDFILE" "$LOG_FILE" "$BIN" $(daemon_args)
+		exec "$@" >>"$log" 2>&1' "$PIDFILE" "$LOG_FILE" "$BIN" $(daemon_args) "$@"
 	echo "started grouped-snapshotter on the host (log $LOG_FILE)"
 }
 
@@ -368,11 +369,27 @@ start_service() {
 			host journalctl -u grouped-snapshotter.service -n 8 --no-pager -o cat >&2 || true
 			die 1 "containerd left untouched; fix the above and run the install again"
 		fi
-	elif [ "$BINARY_CHANGED" = 1 ] || ! running_pid >/dev/null; then
-		stop_detached
+	elif old=$(running_pid); then
+		[ "$BINARY_CHANGED" = 0 ] || take_over "$old"
+	else
+		rm -f "$H$PIDFILE"
 		start_detached
 	fi
 	wait_for_socket
+}
+
+# take_over PID starts the new binary with --take-over: it takes the socket from the daemon PID
+# (whose calls in flight finish) before that one stops, so that the socket never refuses a call
+# and containerd's calls only wait for the new daemon.
+take_over() {
+	start_detached --take-over
+	i=0
+	while host kill -0 "$1" 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -le 450 ] || die 1 "grouped-snapshotter (pid $1) still runs 45 s after the new binary started to take over from it; see $LOG_FILE"
+		sleep 0.1
+	done
+	echo "grouped-snapshotter (pid $1) handed its socket over"
 }
 
 do_install() {

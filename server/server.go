@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -34,12 +35,9 @@ const maxSocketPath = 107
 // containerd's sys.GetLocalListener is not used: it unlinks whatever is at
 // the path, so a second daemon started by mistake would take the socket of
 // the one serving containerd, and it makes the socket 0660.
-func Listen(address string) (net.Listener, error) {
-	if !filepath.IsAbs(address) {
-		return nil, fmt.Errorf("socket address %q must be an absolute path: %w", address, errdefs.ErrInvalidArgument)
-	}
-	if len(address) > maxSocketPath {
-		return nil, fmt.Errorf("socket address %q is %d bytes, longer than a unix socket path may be (%d): %w", address, len(address), maxSocketPath, errdefs.ErrInvalidArgument)
+func Listen(address string) (*Socket, error) {
+	if err := checkAddress(address, ""); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(address), 0o700); err != nil {
 		return nil, fmt.Errorf("create socket directory for %q: %w", address, err)
@@ -47,17 +45,162 @@ func Listen(address string) (net.Listener, error) {
 	if err := removeStaleSocket(address); err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("unix", address)
+	return listenAt(address, address)
+}
+
+// checkAddress checks that address, and address+suffix, can be a unix
+// socket's path.
+func checkAddress(address, suffix string) error {
+	if !filepath.IsAbs(address) {
+		return fmt.Errorf("socket address %q must be an absolute path: %w", address, errdefs.ErrInvalidArgument)
+	}
+	if len(address) > maxSocketPath-len(suffix) {
+		room := ""
+		if suffix != "" {
+			room = fmt.Sprintf(", less %d for the take-over's %q", len(suffix), suffix)
+		}
+		return fmt.Errorf("socket address %q is %d bytes, longer than a unix socket path may be (%d%s): %w",
+			address, len(address), maxSocketPath, room, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// listenAt listens on a new socket at path, mode 0600, that will be named
+// address.
+func listenAt(path, address string) (*Socket, error) {
+	l, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %q: %w", address, err)
 	}
+	ul := l.(*net.UnixListener)
+	// Close removes the name only while it is this socket's (see Socket).
+	ul.SetUnlinkOnClose(false)
+	s := &Socket{UnixListener: ul, path: address}
 	// With the usual umask 022 the socket is 0755 until this chmod, and a
 	// unix socket needs write permission to connect: nobody else gets in.
-	if err := os.Chmod(address, 0o600); err != nil {
-		l.Close()
+	err = os.Chmod(path, 0o600)
+	if err == nil {
+		s.id, err = fileIDOf(path)
+	}
+	if err != nil {
+		ul.Close()
+		os.Remove(path)
 		return nil, fmt.Errorf("restrict socket %q to 0600: %w", address, err)
 	}
-	return l, nil
+	return s, nil
+}
+
+// Socket is a unix socket a daemon listens on. Its name (the path) can be
+// taken over by the next daemon (TakeOver), so Close removes the name only
+// while it still names this socket.
+type Socket struct {
+	*net.UnixListener
+	path string
+	id   fileID
+}
+
+type fileID struct{ dev, ino uint64 }
+
+func fileIDOf(path string) (fileID, error) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return fileID{}, err
+	}
+	return fileID{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// Named reports whether the socket's address still names it.
+func (s *Socket) Named() bool {
+	id, err := fileIDOf(s.path)
+	return err == nil && id == s.id
+}
+
+// Close stops listening and removes the socket's name if it still is the
+// socket's: after a take-over it is the next daemon's.
+func (s *Socket) Close() error {
+	err := s.UnixListener.Close()
+	if s.Named() {
+		if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+const (
+	// takeOverSuffix names the new socket until it is renamed to the
+	// address.
+	takeOverSuffix = ".new"
+	// takeOverGrace is how long the old daemon has to set up the
+	// connections made to it just before a take-over.
+	takeOverGrace = 250 * time.Millisecond
+)
+
+// TakeOver listens on address in place of the daemon serving it, without a
+// moment when the address refuses a connection: it listens on a new socket
+// beside address and renames it over address, so that from then on
+// connections wait in its backlog until the caller serves it, then sends
+// SIGTERM to the daemon that served address (its pid from the socket's
+// peer credentials), which lets its in-flight calls finish and exits. It
+// returns that daemon's pid; the caller must wait for it to let go of the
+// metadata before serving. With no daemon serving address it is Listen
+// (and the pid 0).
+func TakeOver(address string) (*Socket, int, error) {
+	if err := checkAddress(address, takeOverSuffix); err != nil {
+		return nil, 0, err
+	}
+	pid, err := servingPID(address)
+	if err != nil {
+		return nil, 0, err
+	}
+	if pid == 0 {
+		s, err := Listen(address)
+		return s, 0, err
+	}
+	tmp := address + takeOverSuffix
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, 0, fmt.Errorf("remove %q left by an earlier take-over: %w", tmp, err)
+	}
+	s, err := listenAt(tmp, address)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := os.Rename(tmp, address); err != nil {
+		s.UnixListener.Close()
+		os.Remove(tmp)
+		return nil, 0, fmt.Errorf("take over socket %q: %w", address, err)
+	}
+	// Connections made just before the rename wait in the old daemon's
+	// backlog or handshake: a stopping gRPC server resets those, while it
+	// lets calls on connections it has set up finish.
+	time.Sleep(takeOverGrace)
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return s, pid, fmt.Errorf("stop the daemon (pid %d) that served %q: %w", pid, address, err)
+	}
+	return s, pid, nil
+}
+
+// servingPID returns the pid of the process listening on address, or 0 if
+// none is.
+func servingPID(address string) (int, error) {
+	conn, err := net.DialTimeout("unix", address, time.Second)
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("probe existing socket %q: %w", address, err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	cerr := raw.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err = errors.Join(cerr, err); err != nil {
+		return 0, fmt.Errorf("who serves %q: %w", address, err)
+	}
+	return int(cred.Pid), nil
 }
 
 func removeStaleSocket(address string) error {

@@ -79,6 +79,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 		&cli.StringFlag{Name: "metrics-address", Usage: `Prometheus endpoint: "host:port" or "unix:///path"; "" disables (overrides metrics_address)`},
 		&cli.StringFlag{Name: "pprof-address", Usage: `serve Go profiles (/debug/pprof/) on "host:port" or "unix:///path", for finding where time goes; off by default`},
+		&cli.BoolFlag{Name: "take-over", Usage: "replace the daemon serving the socket (an upgrade) without refusing a connection: calls wait for this one, which stops that one (SIGTERM) and serves once it has exited"},
 	}
 }
 

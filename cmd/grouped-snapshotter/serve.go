@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/urfave/cli/v2"
@@ -129,6 +131,19 @@ func servePprof(ctx context.Context, address string) error {
 	return nil
 }
 
+// newSnapshotter opens the snapshotter on root. After a take-over it waits
+// for the daemon taken over from to let go of the metadata: that daemon's
+// in-flight calls may take up to shutdownTimeout.
+func newSnapshotter(ctx context.Context, root string, sc snapshot.Config, tookOver bool) (*snapshot.Snapshotter, error) {
+	deadline := time.Now().Add(shutdownTimeout + 10*time.Second)
+	for {
+		sn, err := snapshot.New(root, sc)
+		if err == nil || !tookOver || !errdefs.IsUnavailable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return sn, err
+		}
+	}
+}
+
 func serve(c *cli.Context) error {
 	cfg, err := loadConfig(c)
 	if err != nil {
@@ -152,7 +167,18 @@ func serve(c *cli.Context) error {
 	defer containerd.Close()
 	sc := cfg.SnapshotterConfig()
 	sc.ContainerdRelease = containerd.Release
-	sn, err := snapshot.New(cfg.RootPath, sc)
+	var sock *server.Socket
+	if flagIsSet(c, "take-over") {
+		var old int
+		if sock, old, err = server.TakeOver(cfg.Address); err != nil {
+			return err
+		}
+		defer sock.Close()
+		if old != 0 {
+			log.G(ctx).WithField("pid", old).Info("took the socket over: calls wait for this daemon until the one that served it (pid) has stopped")
+		}
+	}
+	sn, err := newSnapshotter(ctx, cfg.RootPath, sc, sock != nil)
 	if err != nil {
 		return err
 	}
@@ -182,13 +208,27 @@ func serve(c *cli.Context) error {
 		go func() { defer close(done); b.Run(bctx) }()
 		defer func() { cancel(); <-done }()
 	}
-	l, err := server.Listen(cfg.Address)
-	if err != nil {
-		return err
+	if sock == nil {
+		if sock, err = server.Listen(cfg.Address); err != nil {
+			return err
+		}
+	}
+	listeners := []net.Listener{sock}
+	if !sock.Named() {
+		// The daemon taken over from removed the address as it stopped
+		// (release 0.1.0 did): listen there again, and serve the
+		// connections made before that on the taken-over socket too.
+		again, err := server.Listen(cfg.Address)
+		if err != nil {
+			return err
+		}
+		listeners = append(listeners, again)
 	}
 	srv, health := server.NewGRPCServer(m.Instrument(sn), adminMethods(sn, cfg))
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(l) }()
+	serveErr := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func() { serveErr <- srv.Serve(l) }()
+	}
 	health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	notify(ctx, daemon.SdNotifyReady)
 	log.G(ctx).WithField("address", cfg.Address).WithField("root", cfg.RootPath).WithField("idmap", cfg.IDMap).
@@ -198,19 +238,22 @@ func serve(c *cli.Context) error {
 	case <-ctx.Done():
 		log.G(ctx).Info("shutting down: waiting for in-flight calls")
 		notify(ctx, daemon.SdNotifyStopping)
-		health.Shutdown()
+		// Taken over, this daemon still serves the calls in flight, and a
+		// health check that reached it before the take-over says so.
+		if sock.Named() {
+			health.Shutdown()
+		}
 		server.Shutdown(context.Background(), srv, shutdownTimeout)
-		<-serveErr
+		for range listeners {
+			<-serveErr
+		}
 	case err := <-serveErr:
 		if err != nil && !errors.Is(err, context.Canceled) {
 			return fmt.Errorf("serve %q: %w", cfg.Address, err)
 		}
 	}
-	// GracefulStop already closed the listener; the socket file goes too so
-	// the next start does not have to probe it.
-	if err := os.Remove(cfg.Address); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.G(ctx).WithError(err).Warn("remove socket")
-	}
+	// The listeners are closed, and the socket's name is gone unless the
+	// next daemon has taken it over (server.Socket).
 	log.G(ctx).Info("stopped")
 	return nil
 }
