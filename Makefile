@@ -106,8 +106,8 @@ vet:
 # (between their BEGIN/END markers) from the committed results files:
 # integration/results/mount-syscalls.json (integration's TestMountgroup),
 # integration/results/compat.json (integration/compat) and
-# integration/k8s/results/latest.json and rollout.json (integration/k8s).
-# integration/cmd/readme-tables's test fails while a document is stale.
+# integration/k8s/results/latest.json, rollout.json and upgrade.json
+# (integration/k8s). integration/cmd/readme-tables's test fails while a document is stale.
 readme-tables:
 	cd integration && $(GO) run ./cmd/readme-tables -root ..
 

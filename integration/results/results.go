@@ -8,6 +8,7 @@
 // _output/results/integration/results/mount-syscalls.json,
 // k8s.TestDaemonSet _output/results/integration/k8s/results/latest.json
 // and rollout.json,
+// k8s.TestUpgradeUnderLoad _output/results/integration/k8s/results/upgrade.json,
 // k8s.TestRuntimeHandler and TestDaemonSetReboot
 // _output/results/integration/results/kubelet-stats.json and reboot.json
 // (rows per install mode and containerd release, which bench's whole-cost
@@ -472,11 +473,15 @@ func Sections(root string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	upgrade, err := readUpgrade(root)
+	if err != nil {
+		return nil, err
+	}
 	makeTest, err := readMakeTest(root)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout, "make-test": makeTest}, nil
+	return map[string]string{"mount-syscalls": mountTable, "k8s-pod-starts": pods, "compat": compat, "rollout": rollout, "upgrade": upgrade, "make-test": makeTest}, nil
 }
 
 // RenderREADME returns readme with every generated section replaced.

@@ -4,7 +4,8 @@
 // tests produce: the mount-syscall table from
 // integration/results/mount-syscalls.json, the Kubernetes pod-start
 // figures from integration/k8s/results/latest.json, the rollout's import
-// and export times from integration/k8s/results/rollout.json and the
+// and export times from integration/k8s/results/rollout.json, what an
+// upgrade under load did from integration/k8s/results/upgrade.json and the
 // compatibility matrix from integration/results/compat.json, and how long
 // `make test` and `make demo` took cold from integration/results/make-test.json
 // and make-demo.json. Each section lives in exactly one of those documents. Run it from the repository root (`make

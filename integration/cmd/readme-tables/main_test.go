@@ -42,7 +42,7 @@ func TestREADMECurrent(t *testing.T) {
 // copyResults copies the committed results files into a scratch root.
 func copyResults(t *testing.T, root string) {
 	t.Helper()
-	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.MakeTestFile, makeDemoFile} {
+	for _, f := range []string{results.MountSyscallsFile, results.PodStartsFile, results.CompatFile, results.RolloutFile, results.UpgradeFile, results.MakeTestFile, makeDemoFile} {
 		data, err := os.ReadFile(filepath.Join("..", "..", "..", f))
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func TestRunRewrites(t *testing.T) {
 	copyResults(t, root)
 	readme := "# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| typed | 3 |\n<!-- END mount-syscalls -->\nbetween\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\nafter\n<!-- BEGIN make-demo -->\n9 min typed\n<!-- END make-demo -->\n<!-- BEGIN make-test -->\n23 min typed\n<!-- END make-test -->\n"
 	bench := "# b\n\n<!-- BEGIN compat (generated) -->\n| typed too |\n<!-- END compat -->\nend\n"
-	ops := "# o\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n"
+	ops := "# o\n<!-- BEGIN rollout -->\n1.3 s typed\n<!-- END rollout -->\n<!-- BEGIN upgrade -->\n0.4 s typed\n<!-- END upgrade -->\n"
 	readmePath, benchPath, opsPath := filepath.Join(root, "README.md"), filepath.Join(root, "docs", "benchmarks.md"), filepath.Join(root, "docs", "operations.md")
 	for path, text := range map[string]string{readmePath: readme, benchPath: bench, opsPath: ops, filepath.Join(root, "docs", "design.md"): "# d\n"} {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
@@ -85,7 +85,7 @@ func TestRunRewrites(t *testing.T) {
 	}
 	for path, wants := range map[string][]string{
 		readmePath: {"# x\n\nbefore\n<!-- BEGIN mount-syscalls (generated) -->\n| user-namespaced start |", "<!-- END mount-syscalls -->\nbetween\n", "<!-- END k8s-pod-starts -->\nafter\n", "hostUsers: false", "`make demo`\ntook ", "`make test`\ntook "},
-		opsPath:    {"# o\n<!-- BEGIN rollout -->\n", "s per GiB", "<!-- END rollout -->\n"},
+		opsPath:    {"# o\n<!-- BEGIN rollout -->\n", "s per GiB", "<!-- END rollout -->\n", "<!-- BEGIN upgrade -->\nKubernetes ", "upgrade: `helm upgrade`", "<!-- END upgrade -->\n"},
 		benchPath:  {"# b\n\n<!-- BEGIN compat (generated) -->\n| containerd | plain start, ", "<!-- END compat -->\nend\n"},
 	} {
 		data, _ := os.ReadFile(path)
@@ -129,7 +129,7 @@ func TestRunPlacement(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(root, "docs", "benchmarks.md"), []byte(tc.bench), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(root, "docs", "operations.md"), []byte("<!-- BEGIN rollout -->\n<!-- END rollout -->\n"), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(root, "docs", "operations.md"), []byte("<!-- BEGIN rollout -->\n<!-- END rollout -->\n<!-- BEGIN upgrade -->\n<!-- END upgrade -->\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(filepath.Join(root, "docs", "design.md"), nil, 0o644); err != nil {
@@ -151,7 +151,7 @@ func TestMakeDemo(t *testing.T) {
 	for doc, text := range map[string]string{
 		"README.md":          "<!-- BEGIN mount-syscalls -->\n<!-- END mount-syscalls -->\n<!-- BEGIN k8s-pod-starts -->\n<!-- END k8s-pod-starts -->\n<!-- BEGIN make-demo -->\n<!-- END make-demo -->\n<!-- BEGIN make-test -->\n<!-- END make-test -->\n",
 		"docs/benchmarks.md": "<!-- BEGIN compat -->\n<!-- END compat -->\n",
-		"docs/operations.md": "<!-- BEGIN rollout -->\n<!-- END rollout -->\n",
+		"docs/operations.md": "<!-- BEGIN rollout -->\n<!-- END rollout -->\n<!-- BEGIN upgrade -->\n<!-- END upgrade -->\n",
 		"docs/design.md":     "",
 	} {
 		if err := os.WriteFile(filepath.Join(root, doc), []byte(text), 0o644); err != nil {
