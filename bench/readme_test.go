@@ -221,14 +221,19 @@ func TestBenchREADMECurrent(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		var here []string
 		for _, marker := range []string{HeadlineBegin, ReadmeBegin, DensityBegin, MountLockBegin, ProfileBegin, DensityProfileBegin, InstallModesBegin, FirstPodBegin, HandlerFreshBegin} {
 			if strings.Contains(string(old), marker) {
 				blocks[marker] = append(blocks[marker], doc)
+				here = append(here, marker)
 			}
 		}
 		if doc == readme {
-			if len(blocks) > 0 {
-				t.Errorf("the README holds benchmark blocks (%v): they live in docs/benchmarks.md", blocks)
+			// Only this document's blocks: a map's order is not fixed,
+			// and docs/benchmarks.md may have come first (it did once in
+			// make test).
+			if len(here) > 0 {
+				t.Errorf("the README holds benchmark blocks (%v): they live in docs/benchmarks.md", here)
 			}
 			continue
 		}
