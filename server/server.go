@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
@@ -157,6 +158,12 @@ func TakeOver(address string) (*Socket, int, error) {
 		s, err := Listen(address)
 		return s, 0, err
 	}
+	// Only a grouped-snapshotter is stopped: a wrong --address must not
+	// send SIGTERM to whatever serves that path (containerd, say).
+	if err := isDaemon(address, pid); err != nil {
+		return nil, 0, fmt.Errorf("socket %q is served by pid %d, which does not answer as a grouped-snapshotter (%v): refusing to take it over: %w",
+			address, pid, err, errdefs.ErrFailedPrecondition)
+	}
 	tmp := address + takeOverSuffix
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, 0, fmt.Errorf("remove %q left by an earlier take-over: %w", tmp, err)
@@ -178,6 +185,26 @@ func TakeOver(address string) (*Socket, int, error) {
 		return s, pid, fmt.Errorf("stop the daemon (pid %d) that served %q: %w", pid, address, err)
 	}
 	return s, pid, nil
+}
+
+// isDaemon asks the daemon on address for its admin service's Info, which
+// only a grouped-snapshotter serves, and checks its pid where it says one.
+func isDaemon(address string, pid int) error {
+	conn, err := grpc.NewClient("unix://"+address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var info DaemonInfo
+	if err := CallAdmin(ctx, conn, "Info", &info); err != nil {
+		return err
+	}
+	if info.PID != 0 && info.PID != pid {
+		return fmt.Errorf("its Info says pid %d", info.PID)
+	}
+	return nil
 }
 
 // servingPID returns the pid of the process listening on address, or 0 if

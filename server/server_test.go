@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -128,4 +129,42 @@ func TestListenBadAddress(t *testing.T) {
 func unmountMappedParents(sn *snapshot.Snapshotter) error {
 	_, err := mountgroup.UnmountAll(filepath.Join(sn.Root(), "v"))
 	return err
+}
+
+// TestTakeOverRefusesAnotherServer: a socket served by something that is
+// not a grouped-snapshotter (no admin Info; here this test's own gRPC
+// server, so a SIGTERM would end the test) is not taken over, and stays
+// as it was. A take-over's address must leave room for its temporary
+// name.
+func TestTakeOverRefusesAnotherServer(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "other.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := NewGRPCServer(nil, nil)
+	go srv.Serve(l)
+	defer srv.Stop()
+	before, err := fileIDOf(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, pid, err := TakeOver(sock); !errdefs.IsFailedPrecondition(err) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("TakeOver of a socket another server serves: pid %d, %v; want a refusal", pid, err)
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	if after, err := fileIDOf(sock); err != nil || after != before {
+		t.Errorf("the refused take-over changed the socket: %v", err)
+	}
+	if _, err := os.Lstat(sock + takeOverSuffix); !os.IsNotExist(err) {
+		t.Errorf("the refused take-over left %s: %v", sock+takeOverSuffix, err)
+	}
+	long := "/" + strings.Repeat("x", maxSocketPath-len(takeOverSuffix))
+	if _, _, err := TakeOver(long); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("TakeOver(%d bytes): %v, want invalid argument (no room for %q)", len(long), err, takeOverSuffix)
+	}
 }

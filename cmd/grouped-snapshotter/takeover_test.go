@@ -214,19 +214,25 @@ func TestTakeOverFromDaemonThatRemovesTheSocket(t *testing.T) {
 	sock := filepath.Join(dir, "gs.sock")
 	old := startTakeOverDaemon(t, dir)
 	serving(t, sock)
-	// Stopped, the old daemon keeps the metadata until the test has
-	// removed the new socket's name, as release 0.1.0 did on its way out.
-	if err := old.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	was, err := os.Lstat(sock)
+	if err != nil {
 		t.Fatal(err)
 	}
+	// The new daemon asks the old one who it is, renames its socket over
+	// the address, and 250 ms later sends SIGTERM. Stopped in between,
+	// the old daemon keeps the metadata until the test has removed the
+	// new socket's name, as release 0.1.0 did on its way out.
 	next := startTakeOverDaemon(t, dir, "--take-over")
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(next.log.String(), "took the socket over") {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+		if fi, err := os.Lstat(sock); err == nil && !os.SameFile(fi, was) {
+			break
+		}
 		if time.Now().After(deadline) {
-			old.cmd.Process.Signal(syscall.SIGCONT)
 			t.Fatalf("the new daemon did not take the socket over in 60 s:\n%s", next.log)
 		}
-		time.Sleep(20 * time.Millisecond)
+	}
+	if err := old.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
 	}
 	// A connection made before the name goes, answered once the new
 	// daemon serves.
