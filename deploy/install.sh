@@ -343,13 +343,18 @@ stop_detached() {
 	pid=$(running_pid) || { rm -f "$H$PIDFILE"; return 0; }
 	rm -f "$H$PIDFILE"
 	host kill -TERM "$pid"
+	wait_gone "$pid" "did not stop within 45 s"
+	echo "stopped grouped-snapshotter (pid $pid)"
+}
+
+# wait_gone PID WHY waits up to 45 s for the host process PID to end, and dies with WHY.
+wait_gone() {
 	i=0
-	while host kill -0 "$pid" 2>/dev/null; do
+	while host kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1))
-		[ $i -le 450 ] || die 1 "grouped-snapshotter (pid $pid) did not stop within 45 s"
+		[ $i -le 450 ] || die 1 "grouped-snapshotter (pid $1) $2"
 		sleep 0.1
 	done
-	echo "stopped grouped-snapshotter (pid $pid)"
 }
 
 remove_cgroups() { host sh -c 'for d in /sys/fs/cgroup/*/'"$CGROUP_NAME"' /sys/fs/cgroup/'"$CGROUP_NAME"'; do [ ! -d "$d" ] || rmdir "$d" 2>/dev/null || true; done'; }
@@ -383,12 +388,7 @@ start_service() {
 # and containerd's calls only wait for the new daemon.
 take_over() {
 	start_detached --take-over
-	i=0
-	while host kill -0 "$1" 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -le 450 ] || die 1 "grouped-snapshotter (pid $1) still runs 45 s after the new binary started to take over from it; see $LOG_FILE"
-		sleep 0.1
-	done
+	wait_gone "$1" "still runs 45 s after the new binary started to take over from it; see $LOG_FILE"
 	echo "grouped-snapshotter (pid $1) handed its socket over"
 }
 

@@ -241,13 +241,12 @@ func removeStaleSocket(address string) error {
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("socket address %q exists and is not a socket (%s); refusing to replace it: %w", address, fi.Mode().Type(), errdefs.ErrAlreadyExists)
 	}
-	conn, err := net.DialTimeout("unix", address, time.Second)
-	if err == nil {
-		conn.Close()
-		return fmt.Errorf("socket %q is served by another running process: %w", address, errdefs.ErrAlreadyExists)
+	pid, err := servingPID(address)
+	if err != nil {
+		return err
 	}
-	if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("probe existing socket %q: %w", address, err)
+	if pid != 0 {
+		return fmt.Errorf("socket %q is served by another running process (pid %d): %w", address, pid, errdefs.ErrAlreadyExists)
 	}
 	if err := os.Remove(address); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket %q: %w", address, err)

@@ -23,6 +23,20 @@ import (
 	"github.com/grouped-snapshotter/grouped-snapshotter/mountgroup"
 )
 
+// takeOverDir makes the directory the daemons of a take-over test share:
+// an empty config, the root and the socket (returned); what the daemons
+// leave mounted is unmounted when t ends.
+func takeOverDir(t *testing.T) (dir, sock string) {
+	t.Helper()
+	requireRoot(t)
+	dir = t.TempDir()
+	t.Cleanup(func() { mountgroup.UnmountAll(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "none.toml"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, filepath.Join(dir, "gs.sock")
+}
+
 // takeOverDaemon is a daemon on the test's root and socket.
 type takeOverDaemon struct {
 	cmd    *exec.Cmd
@@ -110,13 +124,7 @@ func healthCheck(sock string, timeout time.Duration) error {
 // names; the new one removes it when it stops. With nothing serving, a
 // take-over is a plain start.
 func TestTakeOver(t *testing.T) {
-	requireRoot(t)
-	dir := t.TempDir()
-	t.Cleanup(func() { mountgroup.UnmountAll(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "none.toml"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "gs.sock")
+	dir, sock := takeOverDir(t)
 
 	// Nothing serves yet: --take-over starts as a daemon does.
 	old := startTakeOverDaemon(t, dir, "--take-over")
@@ -205,13 +213,7 @@ func TestTakeOver(t *testing.T) {
 // socket's name when it stopped, whoever's it was by then. The daemon that
 // took over then listens at the address again and serves there.
 func TestTakeOverFromDaemonThatRemovesTheSocket(t *testing.T) {
-	requireRoot(t)
-	dir := t.TempDir()
-	t.Cleanup(func() { mountgroup.UnmountAll(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "none.toml"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "gs.sock")
+	dir, sock := takeOverDir(t)
 	old := startTakeOverDaemon(t, dir)
 	serving(t, sock)
 	was, err := os.Lstat(sock)

@@ -48,18 +48,7 @@ const (
 func TestDaemonSet(t *testing.T) {
 	env, cl := testCluster(t)
 	ctx := t.Context()
-	n := newNode(env)
-	diagNode = n
-	// A node has its binary and log directories (/usr/local/bin, /var/log)
-	// before any install.
-	for _, d := range []string{n.BinDir, filepath.Dir(n.LogFile)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rs := startRestarter(t, env, n)
-	t.Cleanup(rs.Close)
-	t.Cleanup(func() { cleanupNode(t, n) })
+	n, rs := freshNode(t, env)
 
 	before := nodeState(t, env, n)
 	t0 := time.Now()

@@ -61,6 +61,26 @@ func newNode(env *harness.Env) node {
 	}
 }
 
+// freshNode is the node a DaemonSet test installs on, as it is before any
+// install: its binary and log directories (/usr/local/bin, /var/log) made,
+// containerd's restarter running. When t ends the daemon the DaemonSet
+// left is stopped, what is mounted under the node unmounted, its cgroups
+// removed, and the restarter closed.
+func freshNode(t *testing.T, env *harness.Env) (node, *restarter) {
+	t.Helper()
+	n := newNode(env)
+	diagNode = n
+	for _, d := range []string{n.BinDir, filepath.Dir(n.LogFile)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs := startRestarter(t, env, n)
+	t.Cleanup(rs.Close)
+	t.Cleanup(func() { cleanupNode(t, n) })
+	return n, rs
+}
+
 // DataDir is the mount point of the node's data filesystem, which holds
 // Root: a filesystem of its own, so that the image filesystem kubelet
 // reports is recognisably grouped-snapshotter's.
@@ -123,18 +143,26 @@ func (n node) DaemonPID() int {
 
 // answers reports whether the daemon's gRPC health service says SERVING.
 func (n node) answers(ctx context.Context) bool {
-	if _, err := os.Stat(n.Socket); err != nil {
-		return false
-	}
-	conn, err := grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
+	return healthCheck(ctx, n.Socket) == nil
+}
+
+// healthCheck asks the health service on socket, on a new connection.
+func healthCheck(ctx context.Context, socket string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	if err != nil {
+		return err
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("health %s", resp.GetStatus())
+	}
+	return nil
 }
 
 // admin runs the installed binary's admin CLI against the daemon.

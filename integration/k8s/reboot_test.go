@@ -43,16 +43,7 @@ import (
 // starts.
 func TestDaemonSetReboot(t *testing.T) {
 	env, cl := testCluster(t)
-	n := newNode(env)
-	diagNode = n
-	for _, d := range []string{n.BinDir, filepath.Dir(n.LogFile)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rs := startRestarter(t, env, n)
-	t.Cleanup(rs.Close)
-	t.Cleanup(func() { cleanupNode(t, n) })
+	n, rs := freshNode(t, env)
 	image := buildInstallerImage(t, env, "reboot-1")
 	workload := buildImage(t, env, harness.ImageSpec{Name: "k8s-reboot", Layers: 3})
 
